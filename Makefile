@@ -1,0 +1,38 @@
+# The README's two commands: `make run` and `make test`. Both set themselves up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench proto lint services clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,spark,dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/kiteq-server $(ARGS)
+
+# ZooKeeper and MariaDB come from Debian's packages; tests start their own instances.
+services:
+	@if ! test -f /usr/share/java/zookeeper.jar || ! command -v mariadbd >/dev/null; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q zookeeper mariadb-server; \
+	fi
+
+test: $(STAMP) services
+	$(PY) -m pytest $(ARGS)
+
+bench: $(STAMP)
+	$(PY) -m benchmarks $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -I protocol --python_out=protocol --pyi_out=protocol protocol/kiteq.proto
+
+clean:
+	rm -rf $(VENV) data .pytest_cache

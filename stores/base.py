@@ -1,0 +1,135 @@
+"""The interface every message store implements, and its small value types.
+
+Contract (checked by tests/contract/, which every store passes unchanged):
+
+- `save` returns only when the message is as durable as the store promises
+  (memory: not at all; file: per its fsync mode; mysql: committed on the master).
+  Saving an id that is already stored changes nothing and returns False.
+- State changes on an unknown id are no-ops that return False (or None), never errors:
+  a message may have been finished or rolled back by a racing decision.
+- A rolled-back message is gone: a later `commit` of it returns False.
+- `page_*` calls return at most `limit` entities in a stable order and a cursor; pass
+  the cursor back as `after` for the next page; a None cursor means the end.
+  Paging never returns bodies it need not (stores may return entities with the
+  body, callers must not rely on its absence).
+- All methods are Trio-async and safe to call from many tasks at once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Self
+
+from stores.entity import MessageEntity
+
+Cursor = str
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a scan; `cursor` is None once the scan is complete."""
+
+    items: list[MessageEntity]
+    cursor: Cursor | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Counts every store can report cheaply; `details` holds store-specific figures."""
+
+    kind: str
+    messages: int
+    uncommitted: int
+    dead: int
+    dead_by_reason: dict[str, int] = field(default_factory=dict)
+    backlog_by_topic: dict[str, int] = field(default_factory=dict)
+    details: dict[str, object] = field(default_factory=dict)
+
+
+class MessageStore(ABC):
+    """Where the broker keeps every message until all its groups acked it."""
+
+    uri: str = ""
+    durable: bool = True
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Open files or pools and recover state; raise StoreError if that is impossible."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Flush what was written and release every resource; idempotent."""
+
+    @abstractmethod
+    async def save(self, entity: MessageEntity) -> bool:
+        """Store a new message durably; False if its id was already stored."""
+
+    @abstractmethod
+    async def get(self, message_id: str) -> MessageEntity | None:
+        """The message with its body and current state, dead or alive; None if gone."""
+
+    @abstractmethod
+    async def commit(self, message_id: str) -> bool:
+        """Make an uncommitted message deliverable now (deliver_count reset to 0).
+
+        True if the message exists and is now committed (also if it already was).
+        """
+
+    @abstractmethod
+    async def rollback(self, message_id: str) -> bool:
+        """Delete an uncommitted message; False if unknown or already committed."""
+
+    @abstractmethod
+    async def update_delivery(
+        self,
+        message_id: str,
+        succ_groups: Iterable[str],
+        fail_groups: Iterable[str],
+        deliver_count: int,
+        next_deliver_at: float,
+    ) -> bool:
+        """Record a delivery round (or, for an uncommitted message, a tx check)."""
+
+    @abstractmethod
+    async def finish(self, message_id: str) -> bool:
+        """Every target group acked: forget the message and reclaim its space."""
+
+    @abstractmethod
+    async def dead_letter(self, message_id: str, reason: str) -> bool:
+        """Move the message to the dead-letter queue; it is kept until redriven or purged."""
+
+    @abstractmethod
+    async def redrive(self, message_id: str) -> bool:
+        """Bring a dead letter back: committed, deliver_count 0, due now, fail groups cleared."""
+
+    @abstractmethod
+    async def purge(self, message_id: str) -> bool:
+        """Delete a dead letter for good; False if it is not in the dead-letter queue."""
+
+    @abstractmethod
+    async def page_due(self, now: float, after: Cursor | None, limit: int) -> Page:
+        """Committed, live messages with next_deliver_at <= now."""
+
+    @abstractmethod
+    async def page_uncommitted(self, older_than: float, after: Cursor | None, limit: int) -> Page:
+        """Uncommitted, live messages stored at or before `older_than` (created_at)."""
+
+    @abstractmethod
+    async def page_dead(self, after: Cursor | None, limit: int) -> Page:
+        """Dead letters, oldest id first."""
+
+    @abstractmethod
+    async def stats(self) -> StoreStats:
+        """Current counts; cheap enough to call every second."""

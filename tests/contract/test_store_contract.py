@@ -1,0 +1,246 @@
+"""The MessageStore contract, written against the interface only.
+
+Every store passes this module unchanged (see conftest.STORE_URIS). Tests that
+reopen the store check durability and are skipped for stores that promise none.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from protocol import Cmd
+from stores import MessageEntity, MessageStore, open_store
+
+
+def new_entity(topic: str = "trade", message_type: str = "pay-succ", *, commit: bool = True, **fields: object) -> MessageEntity:
+    entity = MessageEntity(
+        message_id=uuid.uuid4().hex,
+        topic=topic,
+        message_type=message_type,
+        producer_group="order-svc",
+        body=b"body-" + uuid.uuid4().bytes,
+        commit=commit,
+        created_at=1_000.0,
+        next_deliver_at=1_000.0,
+    )
+    for name, value in fields.items():
+        setattr(entity, name, value)
+    return entity
+
+
+async def all_pages(fetch, limit: int = 3) -> list[MessageEntity]:
+    items, cursor, seen_cursors = [], None, set()
+    while True:
+        page = await fetch(cursor, limit)
+        assert len(page.items) <= limit
+        items.extend(page.items)
+        if page.cursor is None:
+            return items
+        assert page.cursor not in seen_cursors, "a cursor must advance"
+        seen_cursors.add(page.cursor)
+        cursor = page.cursor
+
+
+@pytest.fixture
+async def store(store_uri: str):
+    async with open_store(store_uri) as opened:
+        yield opened
+
+
+async def reopen(store: MessageStore, uri: str) -> MessageStore:
+    await store.close()
+    reopened = open_store(uri)
+    await reopened.start()
+    return reopened
+
+
+async def test_save_then_get_returns_every_field(store: MessageStore) -> None:
+    entity = new_entity(
+        expired_time=2_000_000_000,
+        deliver_limit=7,
+        properties={"k": "v", "ключ": "значение"},
+        create_time=123,
+        snappy=True,
+        kind=Cmd.STRING_MESSAGE,
+        body="héllo".encode(),
+    )
+    assert await store.save(entity) is True
+    got = await store.get(entity.message_id)
+    assert got == entity
+
+
+async def test_save_is_idempotent_by_message_id(store: MessageStore) -> None:
+    entity = new_entity()
+    assert await store.save(entity) is True
+    twin = new_entity()
+    twin.message_id = entity.message_id
+    assert await store.save(twin) is False
+    got = await store.get(entity.message_id)
+    assert got is not None and got.body == entity.body
+
+
+async def test_get_unknown_is_none(store: MessageStore) -> None:
+    assert await store.get(uuid.uuid4().hex) is None
+
+
+async def test_commit_makes_uncommitted_due(store: MessageStore) -> None:
+    entity = new_entity(commit=False, deliver_count=4)
+    await store.save(entity)
+    assert (await store.page_due(10_000.0, None, 10)).items == []
+    assert await store.commit(entity.message_id) is True
+    got = await store.get(entity.message_id)
+    assert got is not None and got.commit and got.deliver_count == 0
+    due = await store.page_due(10_000.0, None, 10)
+    assert [e.message_id for e in due.items] == [entity.message_id]
+    assert await store.commit(entity.message_id) is True, "committing twice is harmless"
+    assert await store.commit(uuid.uuid4().hex) is False
+
+
+async def test_rollback_deletes_and_blocks_later_commit(store: MessageStore) -> None:
+    entity = new_entity(commit=False)
+    await store.save(entity)
+    assert await store.rollback(entity.message_id) is True
+    assert await store.get(entity.message_id) is None
+    assert await store.commit(entity.message_id) is False
+    assert await store.rollback(entity.message_id) is False
+
+
+async def test_rollback_of_committed_message_is_refused(store: MessageStore) -> None:
+    entity = new_entity(commit=True)
+    await store.save(entity)
+    assert await store.rollback(entity.message_id) is False
+    assert await store.get(entity.message_id) is not None
+
+
+async def test_update_delivery_records_state(store: MessageStore) -> None:
+    entity = new_entity()
+    await store.save(entity)
+    assert await store.update_delivery(entity.message_id, ["a", "b"], ["c"], 3, 5_000.0) is True
+    got = await store.get(entity.message_id)
+    assert got is not None
+    assert set(got.succ_groups) == {"a", "b"}
+    assert list(got.fail_groups) == ["c"]
+    assert got.deliver_count == 3
+    assert got.next_deliver_at == 5_000.0
+    assert await store.update_delivery(uuid.uuid4().hex, [], [], 1, 1.0) is False
+
+
+async def test_page_due_respects_time_state_and_limit(store: MessageStore) -> None:
+    due = [new_entity(next_deliver_at=100.0 + i) for i in range(7)]
+    later = new_entity(next_deliver_at=9_999.0)
+    uncommitted = new_entity(commit=False, next_deliver_at=0.0)
+    dead = new_entity(next_deliver_at=0.0)
+    for entity in [*due, later, uncommitted, dead]:
+        await store.save(entity)
+    await store.dead_letter(dead.message_id, "expired")
+    items = await all_pages(lambda after, limit: store.page_due(500.0, after, limit))
+    assert sorted(e.message_id for e in items) == sorted(e.message_id for e in due)
+    finished = due[0]
+    await store.finish(finished.message_id)
+    items = await all_pages(lambda after, limit: store.page_due(500.0, after, limit))
+    assert finished.message_id not in {e.message_id for e in items}
+    assert len(items) == 6
+
+
+async def test_page_uncommitted_by_age(store: MessageStore) -> None:
+    old = [new_entity(commit=False, created_at=100.0) for _ in range(5)]
+    young = new_entity(commit=False, created_at=900.0)
+    committed = new_entity(commit=True, created_at=100.0)
+    for entity in [*old, young, committed]:
+        await store.save(entity)
+    items = await all_pages(lambda after, limit: store.page_uncommitted(500.0, after, limit), limit=2)
+    assert sorted(e.message_id for e in items) == sorted(e.message_id for e in old)
+
+
+async def test_finish_forgets(store: MessageStore) -> None:
+    entity = new_entity()
+    await store.save(entity)
+    assert await store.finish(entity.message_id) is True
+    assert await store.get(entity.message_id) is None
+    assert await store.finish(entity.message_id) is False
+
+
+async def test_dead_letter_redrive_purge(store: MessageStore) -> None:
+    entity = new_entity(commit=False, deliver_count=15)
+    other = new_entity()
+    await store.save(entity)
+    await store.save(other)
+    assert await store.dead_letter(entity.message_id, "tx-unresolved") is True
+    assert await store.dead_letter(other.message_id, "expired") is True
+    dead = await all_pages(store.page_dead, limit=1)
+    assert {(e.message_id, e.dead_reason) for e in dead} == {
+        (entity.message_id, "tx-unresolved"),
+        (other.message_id, "expired"),
+    }
+    assert (await store.page_due(10_000.0, None, 10)).items == []
+    stats = await store.stats()
+    assert stats.dead == 2 and stats.dead_by_reason == {"tx-unresolved": 1, "expired": 1}
+
+    assert await store.redrive(entity.message_id) is True
+    got = await store.get(entity.message_id)
+    assert got is not None and not got.dead and got.commit and got.deliver_count == 0
+    assert [e.message_id for e in (await store.page_due(10_000.0, None, 10)).items] == [entity.message_id]
+    assert await store.redrive(entity.message_id) is False, "only dead letters are redriven"
+
+    assert await store.purge(entity.message_id) is False, "only dead letters are purged"
+    assert await store.purge(other.message_id) is True
+    assert await store.get(other.message_id) is None
+    assert (await store.page_dead(None, 10)).items == []
+
+
+async def test_stats_counts(store: MessageStore) -> None:
+    for _ in range(3):
+        await store.save(new_entity(topic="a"))
+    await store.save(new_entity(topic="b"))
+    await store.save(new_entity(topic="b", commit=False))
+    stats = await store.stats()
+    assert stats.messages == 5
+    assert stats.uncommitted == 1
+    assert stats.dead == 0
+    assert stats.backlog_by_topic == {"a": 3, "b": 1}
+
+
+async def test_state_survives_reopen(store: MessageStore, store_uri: str) -> None:
+    if not store.durable:
+        pytest.skip(f"{store_uri} promises no durability")
+    kept = new_entity()
+    delivered = new_entity()
+    uncommitted = new_entity(commit=False)
+    rolled = new_entity(commit=False)
+    finished = new_entity()
+    dead = new_entity()
+    for entity in [kept, delivered, uncommitted, rolled, finished, dead]:
+        await store.save(entity)
+    await store.update_delivery(delivered.message_id, ["a"], ["b"], 2, 4_242.0)
+    await store.rollback(rolled.message_id)
+    await store.finish(finished.message_id)
+    await store.dead_letter(dead.message_id, "deliver-limit")
+    store = await reopen(store, store_uri)
+    try:
+        assert await store.get(kept.message_id) == kept
+        got = await store.get(delivered.message_id)
+        assert got is not None and got.succ_groups == ("a",) and got.deliver_count == 2
+        assert got.next_deliver_at == 4_242.0
+        got = await store.get(uncommitted.message_id)
+        assert got is not None and not got.commit
+        assert await store.get(rolled.message_id) is None
+        assert await store.get(finished.message_id) is None
+        got = await store.get(dead.message_id)
+        assert got is not None and got.dead and got.dead_reason == "deliver-limit"
+        assert await store.save(kept) is False, "ids stay known after a reopen"
+    finally:
+        await store.close()
+
+
+async def test_many_concurrent_saves(store: MessageStore) -> None:
+    import trio
+
+    entities = [new_entity() for _ in range(200)]
+    async with trio.open_nursery() as nursery:
+        for entity in entities:
+            nursery.start_soon(store.save, entity)
+    for entity in entities[::17]:
+        assert await store.get(entity.message_id) == entity
+    assert (await store.stats()).messages == 200
