@@ -28,6 +28,22 @@ class SendError(KiteQError):
         self.message_id = message_id
 
 
+def leaf_error(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of `kinds` inside `exc`, looking through exception groups.
+
+    Trio nurseries wrap errors in ExceptionGroups; command-line entry points use this
+    to print the one error a user can act on instead of a traceback.
+    """
+    if isinstance(exc, kinds):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = leaf_error(inner, kinds)
+            if found is not None:
+                return found
+    return None
+
+
 __all__ = [
     "AuthError",
     "ConfigError",
@@ -40,4 +56,5 @@ __all__ = [
     "StoreError",
     "StoreLocked",
     "StoreUnavailable",
+    "leaf_error",
 ]

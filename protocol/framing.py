@@ -41,7 +41,11 @@ class Frame:
 
 def encode_frame(opaque: int, cmd: Cmd, message: ProtobufMessage) -> bytes:
     """Serialize `message` and prepend its header."""
-    body = message.SerializeToString()
+    return encode_raw_frame(opaque, cmd, message.SerializeToString())
+
+
+def encode_raw_frame(opaque: int, cmd: Cmd, body: bytes) -> bytes:
+    """Prepend a header to an already serialized body (one body, many deliveries)."""
     return HEADER.pack(opaque, cmd, 0, 0, len(body)) + body
 
 

@@ -10,8 +10,8 @@ Contract (checked by tests/contract/, which every store passes unchanged):
 - A rolled-back message is gone: a later `commit` of it returns False.
 - `page_*` calls return at most `limit` entities in a stable order and a cursor; pass
   the cursor back as `after` for the next page; a None cursor means the end.
-  Paging never returns bodies it need not (stores may return entities with the
-  body, callers must not rely on its absence).
+  Paged entities are complete (body included): the broker delivers straight
+  from a page.
 - All methods are Trio-async and safe to call from many tasks at once.
 """
 

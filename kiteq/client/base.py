@@ -1,0 +1,76 @@
+"""What Producer and Consumer share: registry, broker pool, nursery, delivery log."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from types import TracebackType
+from typing import Self
+
+import structlog
+import trio
+
+from kiteq.client.brokers import BrokerPool
+from kiteq.client.connection import ClientConnection, Credentials
+from kiteq.delivery_log import DeliveryLog
+from kiteq.registry import Registry, open_registry
+from protocol import Frame
+
+log = structlog.get_logger(__name__)
+
+
+class Client:
+    """An async context manager owning one nursery in which all its tasks run."""
+
+    role = "client"
+
+    def __init__(self, registry: str | Registry, credentials: Credentials, topics: list[str],
+                 connect_timeout: float, delivery_log: str | None) -> None:
+        self.registry = open_registry(registry) if isinstance(registry, str) else registry
+        self.credentials = credentials
+        self.group = credentials.group
+        self.topics = sorted(set(topics))
+        self.connect_timeout = connect_timeout
+        self.pool = BrokerPool(self.registry, self.topics, credentials, self._on_request)
+        self.delivery_log = DeliveryLog(delivery_log, self.role) if delivery_log else None
+        self.address = f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
+        self._nursery: trio.Nursery | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise RuntimeError(f"use the {type(self).__name__} inside `async with`")
+        return self._nursery
+
+    async def __aenter__(self) -> Self:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self.registry)
+            self._nursery = await stack.enter_async_context(trio.open_nursery())
+            if self.delivery_log is not None:
+                stack.callback(self.delivery_log.close)
+                self._nursery.start_soon(self.delivery_log.run)
+            await self._started()
+            await self._nursery.start(self.pool.run)
+            if not await self.pool.wait_connected(self.connect_timeout):
+                log.warning(f"{self.role}.not_connected", topics=self.topics, detail="still trying in the background")
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self._stopping()
+        self.nursery.cancel_scope.cancel()
+        assert self._stack is not None
+        await self._stack.aclose()
+        self._nursery = None
+
+    async def _started(self) -> None:
+        """Hook: publish what this client is in the registry."""
+
+    async def _stopping(self) -> None:
+        """Hook: finish work in flight before the connections close."""
+
+    async def _on_request(self, connection: ClientConnection, frame: Frame, body: object) -> None:
+        log.warning(f"{self.role}.unexpected_request", cmd=frame.cmd.name)

@@ -1,0 +1,159 @@
+"""One client connection to one broker: handshake, requests by opaque, heartbeats.
+
+Requests this client sends wait on their own opaque in this connection's table.
+Requests the broker sends (deliveries, transaction checks) go to `on_request`,
+which the Producer or Consumer supplies; it runs in the reader and may wait (that
+is the consumer's back-pressure), answering through `reply`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+import trio
+
+from kiteq.errors import AuthError, ConnectionClosed, ProtocolError
+from kiteq.transport import FramedStream
+from protocol import Cmd, Frame, decode_body, encode_frame, pb
+from protocol.framing import DEFAULT_MAX_BODY
+
+log = structlog.get_logger(__name__)
+
+RESPONSES = frozenset({Cmd.CONN_AUTH_ACK, Cmd.MESSAGE_STORE_ACK, Cmd.HEARTBEAT})
+HEARTBEAT_INTERVAL = 10.0
+HEARTBEAT_TIMEOUT = 5.0
+HEARTBEAT_MISSES = 3
+CONNECT_TIMEOUT = 5.0
+
+RequestHandler = Callable[["ClientConnection", Frame, object], Awaitable[None]]
+
+
+@dataclass
+class Credentials:
+    group: str
+    secret: str
+    warmup_seconds: int = 0
+
+
+class _Waiter:
+    __slots__ = ("event", "response")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.response: object | None = None
+
+
+class ClientConnection:
+    def __init__(self, address: str, credentials: Credentials, on_request: RequestHandler | None = None,
+                 max_body: int = DEFAULT_MAX_BODY) -> None:
+        self.address = address
+        self.credentials = credentials
+        self.on_request = on_request
+        self.max_body = max_body
+        self.framed: FramedStream | None = None
+        self._waiters: dict[int, _Waiter] = {}
+        self._opaques = itertools.cycle(range(1, 2**32))
+        self.log = log.bind(broker=address, group=credentials.group)
+
+    @property
+    def alive(self) -> bool:
+        return self.framed is not None and not self.framed.closed
+
+    async def run(self, *, task_status: trio.TaskStatus[ClientConnection] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect, authenticate, then serve until the connection ends.
+
+        `task_status.started(self)` fires once authenticated. Raises AuthError if the
+        broker refuses us, OSError if it cannot be reached; returns when it hangs up.
+        """
+        host, _, port = self.address.rpartition(":")
+        with trio.fail_after(CONNECT_TIMEOUT):
+            stream = await trio.open_tcp_stream(host, int(port))
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        self.framed = FramedStream(stream, self.max_body)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.framed.write_loop)
+                nursery.start_soon(self._read_then_stop, nursery.cancel_scope)
+                await self._handshake()
+                task_status.started(self)
+                await self._heartbeat()
+                nursery.cancel_scope.cancel()
+        finally:
+            self.framed.finish()
+            for waiter in self._waiters.values():
+                waiter.event.set()
+            self._waiters.clear()
+            await trio.aclose_forcefully(stream)
+
+    async def _read_then_stop(self, scope: trio.CancelScope) -> None:
+        assert self.framed is not None
+        try:
+            await self.framed.read_loop(self._on_frames)
+        except ProtocolError as exc:
+            self.log.warning("client.protocol_error", error=str(exc))
+        self.framed.finish()
+        scope.cancel()
+
+    async def _handshake(self) -> None:
+        meta = pb.ConnMeta(groupId=self.credentials.group, secretKey=self.credentials.secret,
+                           warmingupSec=self.credentials.warmup_seconds)
+        ack = await self.request(Cmd.CONN_META, meta, CONNECT_TIMEOUT)
+        assert isinstance(ack, pb.ConnAuthAck)
+        if not ack.status:
+            raise AuthError(f"broker {self.address} refused group {self.credentials.group!r}: {ack.feedback}")
+
+    async def _heartbeat(self) -> None:
+        misses = 0
+        while self.alive:
+            await trio.sleep(HEARTBEAT_INTERVAL)
+            try:
+                await self.request(Cmd.HEARTBEAT, pb.HeartBeat(version=int(time.time())), HEARTBEAT_TIMEOUT)
+                misses = 0
+            except (trio.TooSlowError, ConnectionClosed):
+                misses += 1
+                if misses >= HEARTBEAT_MISSES:
+                    self.log.warning("client.heartbeat_lost", misses=misses)
+                    return
+
+    async def request(self, cmd: Cmd, message: object, timeout: float) -> object:
+        """Send and wait for the answer with the same opaque; TooSlowError after `timeout`."""
+        if not self.alive:
+            raise ConnectionClosed(f"connection to {self.address} is closed")
+        opaque = next(self._opaques)
+        waiter = self._waiters[opaque] = _Waiter()
+        try:
+            self.send(opaque, cmd, message)
+            with trio.fail_after(timeout):
+                await waiter.event.wait()
+        finally:
+            self._waiters.pop(opaque, None)
+        if waiter.response is None:
+            raise ConnectionClosed(f"connection to {self.address} closed before it answered")
+        return waiter.response
+
+    def send(self, opaque: int, cmd: Cmd, message: object) -> None:
+        """Send without waiting for an answer (replies, one-way tx decisions)."""
+        if self.framed is None or self.framed.closed:
+            raise ConnectionClosed(f"connection to {self.address} is closed")
+        self.framed.send(encode_frame(opaque, cmd, message))  # type: ignore[arg-type]
+
+    async def _on_frames(self, frames: list[Frame]) -> None:
+        for frame in frames:
+            try:
+                body = decode_body(frame)
+            except ProtocolError as exc:
+                self.log.warning("client.bad_body", cmd=frame.cmd.name, error=str(exc))
+                continue
+            waiter = self._waiters.get(frame.opaque) if frame.cmd in RESPONSES else None
+            if waiter is not None:
+                waiter.response = body
+                waiter.event.set()
+            elif frame.cmd is Cmd.CONN_AUTH_ACK and not body.status:  # type: ignore[attr-defined]
+                self.log.warning("client.refused", feedback=body.feedback)  # type: ignore[attr-defined]
+            elif self.on_request is not None and frame.cmd not in RESPONSES:
+                await self.on_request(self, frame, body)

@@ -1,0 +1,111 @@
+"""Consumer: binds a group to topics and hands deliveries to a MessageListener."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+import structlog
+import trio
+
+from kiteq.client.base import Client
+from kiteq.client.connection import ClientConnection, Credentials
+from kiteq.client.listeners import MessageListener
+from kiteq.client.message import Message
+from kiteq.errors import ConnectionClosed
+from kiteq.registry import Binding, Registry
+from protocol import MESSAGE_CMDS, Cmd, Frame, pb
+
+log = structlog.get_logger(__name__)
+
+
+class Consumer(Client):
+    """Receives the messages its bindings select and acks what its listener accepts.
+
+    Listeners run concurrently, up to `max_concurrency` at once; past that the
+    consumer stops reading, and TCP back-pressure holds the broker's deliveries
+    (the broker's watermark already bounds them). A listener that exceeds
+    `message_timeout` is abandoned and the message nacked. On exit the consumer
+    stops taking deliveries, lets running listeners finish and sends their acks,
+    then closes (`drain_timeout` bounds the wait).
+    """
+
+    role = "consumer"
+
+    def __init__(self, registry: str | Registry, *, group: str, secret: str = "", bindings: Iterable[Binding],
+                 listener: MessageListener, max_concurrency: int = 64, message_timeout: float | None = None,
+                 warmup_seconds: int = 0, connect_timeout: float = 10.0, drain_timeout: float = 30.0,
+                 delivery_log: str | None = None) -> None:
+        self.bindings = [b.with_group(group) for b in bindings]
+        super().__init__(registry, Credentials(group, secret, warmup_seconds), [b.topic for b in self.bindings],
+                         connect_timeout, delivery_log)
+        self.listener = listener
+        self.message_timeout = message_timeout
+        self.drain_timeout = drain_timeout
+        self._slots = trio.CapacityLimiter(max_concurrency)
+        self._running = 0
+        self._idle = trio.Event()
+        self._stopping_flag = False
+        self.acked = 0
+        self.nacked = 0
+
+    async def _started(self) -> None:
+        by_topic: dict[str, list[Binding]] = defaultdict(list)
+        for binding in self.bindings:
+            by_topic[binding.topic].append(binding)
+        for topic, bindings in by_topic.items():
+            await self.registry.put_bindings(self.group, topic, bindings)
+
+    async def _stopping(self) -> None:
+        self._stopping_flag = True
+        with trio.move_on_after(self.drain_timeout):
+            while self._running:
+                await self._idle.wait()
+
+    async def _on_request(self, connection: ClientConnection, frame: Frame, body: object) -> None:
+        if frame.cmd not in MESSAGE_CMDS:
+            log.warning("consumer.unexpected_request", cmd=frame.cmd.name)
+            return
+        if self._stopping_flag:
+            return  # not acked: the broker redelivers it (to another consumer) after its timeout
+        token = object()
+        await self._slots.acquire_on_behalf_of(token)
+        self._running += 1
+        self.nursery.start_soon(self._process, connection, frame.opaque, body, token)
+
+    async def _process(self, connection: ClientConnection, opaque: int, wire: object, token: object) -> None:
+        assert isinstance(wire, pb.BytesMessage | pb.StringMessage)
+        message = Message.from_wire(wire)
+        self._log("received", message)
+        ok, feedback = False, ""
+        try:
+            with trio.move_on_after(self.message_timeout or float("inf")) as scope:
+                ok = bool(await self.listener.on_message(message))
+            if scope.cancelled_caught:
+                feedback = f"listener exceeded {self.message_timeout} s"
+        except Exception as exc:  # noqa: BLE001 - a failing listener is a nack, not a crash
+            feedback = f"listener raised {type(exc).__name__}: {exc}"
+            log.warning("consumer.listener_failed", message_id=message.message_id, error=feedback)
+        try:
+            connection.send(opaque, Cmd.DELIVER_ACK, pb.DeliverAck(
+                messageId=message.message_id, topic=message.topic, messageType=message.message_type,
+                groupId=message.group, status=ok, feedback=feedback or ("ok" if ok else "listener returned False")))
+            if ok:
+                self.acked += 1
+                self._log("processed", message)
+            else:
+                self.nacked += 1
+        except ConnectionClosed:
+            log.info("consumer.ack_lost", message_id=message.message_id, detail="the broker will redeliver")
+        finally:
+            self._slots.release_on_behalf_of(token)
+            self._running -= 1
+            if not self._running:
+                self._idle.set()
+                self._idle = trio.Event()
+
+    def _log(self, event: str, message: Message) -> None:
+        if self.delivery_log is not None:
+            self.delivery_log.emit(event, None, message_id=message.message_id, topic=message.topic,
+                                   message_type=message.message_type, producer_group=message.group,
+                                   group=self.group, attempt=message.deliver_count)

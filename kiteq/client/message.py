@@ -1,0 +1,80 @@
+"""The message as applications see it, and its mapping to KiteQ's wire messages."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from protocol import Cmd, pb
+
+# Set by the broker on every delivery (see kiteq.server.delivery.rounds).
+DELIVER_COUNT_PROPERTY = "kiteq.deliverCount"
+
+
+def new_message_id() -> str:
+    """32 lowercase hex characters, the only id form KiteQ brokers accept."""
+    return uuid.uuid4().hex
+
+
+@dataclass
+class Message:
+    """A message to send, or one received.
+
+    `body` is bytes (sent as BytesMessage) or str (StringMessage). `expired_time` is
+    unix seconds (-1: the broker's maximum of 7 days); `ttl` is a convenience that
+    sets it relative to the send time. `deliver_count` is filled in on receipt: 1 on
+    the first delivery, more on redeliveries, so consumers can tell and dedupe.
+    """
+
+    topic: str
+    message_type: str
+    body: bytes | str
+    message_id: str = field(default_factory=new_message_id)
+    properties: dict[str, str] = field(default_factory=dict)
+    expired_time: int = -1
+    deliver_limit: int = 100
+    fly: bool = False
+    commit: bool = True
+    group: str = ""
+    create_time: int = 0
+    snappy: bool = False
+    ttl: float | None = None
+    deliver_count: int = 0
+
+    @property
+    def cmd(self) -> Cmd:
+        return Cmd.STRING_MESSAGE if isinstance(self.body, str) else Cmd.BYTES_MESSAGE
+
+    def header(self) -> pb.Header:
+        expired = self.expired_time
+        if self.ttl is not None:
+            expired = int(time.time() + self.ttl)
+        header = pb.Header(
+            messageId=self.message_id, topic=self.topic, messageType=self.message_type, expiredTime=expired,
+            deliverLimit=self.deliver_limit, groupId=self.group, commit=self.commit, fly=self.fly,
+            createTime=self.create_time or int(time.time()), snappy=self.snappy,
+        )
+        for key, value in self.properties.items():
+            header.properties.add(key=key, value=value)
+        return header
+
+    def to_wire(self) -> pb.BytesMessage | pb.StringMessage:
+        if isinstance(self.body, str):
+            return pb.StringMessage(header=self.header(), body=self.body)
+        return pb.BytesMessage(header=self.header(), body=bytes(self.body))
+
+    @classmethod
+    def from_header(cls, header: pb.Header, body: bytes | str) -> Message:
+        properties = {entry.key: entry.value for entry in header.properties}
+        deliver_count = int(properties.pop(DELIVER_COUNT_PROPERTY, "0") or 0)
+        return cls(
+            topic=header.topic, message_type=header.messageType, body=body, message_id=header.messageId,
+            properties=properties, expired_time=header.expiredTime, deliver_limit=header.deliverLimit,
+            fly=header.fly, commit=header.commit, group=header.groupId, create_time=header.createTime,
+            snappy=header.snappy, deliver_count=deliver_count,
+        )
+
+    @classmethod
+    def from_wire(cls, message: pb.BytesMessage | pb.StringMessage) -> Message:
+        return cls.from_header(message.header, message.body)

@@ -1,0 +1,168 @@
+"""Producer: sends messages (plain or transactional) and answers transaction checks."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import structlog
+import trio
+
+from kiteq.client.base import Client
+from kiteq.client.connection import ClientConnection, Credentials
+from kiteq.client.listeners import CheckMessageListener
+from kiteq.client.message import Message
+from kiteq.errors import ConnectionClosed, SendError
+from kiteq.registry import Registry
+from protocol import Cmd, Frame, TxStatus, pb
+
+log = structlog.get_logger(__name__)
+
+LocalTx = Callable[[Message], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What `send_many` reports per message: the id, and the error if it was not stored."""
+
+    message_id: str
+    error: SendError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class Producer(Client):
+    """Sends messages to the brokers serving their topics.
+
+    `async with Producer(registry, group=..., secret=..., topics=[...])` connects to
+    every broker serving those topics (found through the registry) and keeps the
+    connections up. `send` returns once a broker stored the message and raises
+    SendError otherwise; resending with the same message id is always safe.
+    """
+
+    role = "producer"
+
+    def __init__(self, registry: str | Registry, *, group: str, secret: str = "", topics: Iterable[str],
+                 check_listener: CheckMessageListener | None = None, send_timeout: float = 3.0,
+                 connect_timeout: float = 10.0, delivery_log: str | None = None) -> None:
+        super().__init__(registry, Credentials(group, secret), list(topics), connect_timeout, delivery_log)
+        self.check_listener = check_listener
+        self.send_timeout = send_timeout
+        self._warned_no_listener = False
+
+    async def _started(self) -> None:
+        await self.registry.register_producer(self.address, self.group, self.topics)
+
+    # -- sending --------------------------------------------------------------------------
+
+    async def send(self, message: Message) -> str:
+        """Store the message on a broker; its id once stored. Raises SendError."""
+        await self._store(message)
+        return message.message_id
+
+    async def _store(self, message: Message) -> ClientConnection:
+        message.group = self.group
+        connection = await self.pool.connection_for(message.topic, self.send_timeout)
+        try:
+            ack = await connection.request(message.cmd, message.to_wire(), self.send_timeout)
+        except trio.TooSlowError:
+            self._log("send_failed", message, reason="timeout")
+            raise SendError(f"no store ack from {connection.address} within {self.send_timeout} s; the message "
+                            "may or may not be stored: resend it with the same id",
+                            message_id=message.message_id) from None
+        except ConnectionClosed as exc:
+            self._log("send_failed", message, reason="connection-lost")
+            raise SendError(f"{exc}; resend the message", message_id=message.message_id) from None
+        assert isinstance(ack, pb.MessageStoreAck)
+        if not ack.status:
+            self._log("send_failed", message, reason=ack.feedback)
+            raise SendError(f"broker {connection.address} refused message {message.message_id}: {ack.feedback}",
+                            message_id=message.message_id)
+        self._log("sent", message, broker=connection.address)
+        return connection
+
+    async def send_many(self, messages: Sequence[Message]) -> list[SendResult]:
+        """Send all at once, pipelined (many requests in flight); one result per message, in order."""
+        results: list[SendResult | None] = [None] * len(messages)
+
+        async def send_one(index: int, message: Message) -> None:
+            try:
+                await self._store(message)
+                results[index] = SendResult(message.message_id)
+            except SendError as exc:
+                results[index] = SendResult(message.message_id, exc)
+
+        async with trio.open_nursery() as nursery:
+            for index, message in enumerate(messages):
+                nursery.start_soon(send_one, index, message)
+        return [r for r in results if r is not None]
+
+    async def send_tx(self, message: Message, local_tx: LocalTx) -> TxStatus:
+        """Two-phase send: store uncommitted, run `local_tx`, then commit or roll back.
+
+        `local_tx(message)` returning truthy commits; falsy or raising rolls back (the
+        exception is re-raised after the rollback is sent). If the decision cannot be
+        sent (the broker went away), the broker asks this group's CheckMessageListener
+        later; the returned status is the decision taken.
+        """
+        message.commit = False
+        connection = await self._store(message)
+        try:
+            committed = bool(await local_tx(message))
+        except BaseException:
+            await self._decide(connection, message, TxStatus.ROLLBACK, "local transaction raised")
+            raise
+        status = TxStatus.COMMIT if committed else TxStatus.ROLLBACK
+        await self._decide(connection, message, status, "local transaction " + ("committed" if committed else
+                                                                                 "rolled back"))
+        return status
+
+    async def _decide(self, connection: ClientConnection, message: Message, status: TxStatus, feedback: str) -> None:
+        header = message.header()
+        packet = pb.TxACKPacket(header=header, status=status, feedback=feedback)
+        live = connection if connection.alive else await self.pool.connection_to(connection.address,
+                                                                                   self.send_timeout)
+        try:
+            if live is None:
+                raise ConnectionClosed(f"broker {connection.address} is unreachable")
+            live.send(0, Cmd.TX_ACK, packet)
+        except ConnectionClosed as exc:
+            log.warning("producer.decision_not_sent", message_id=message.message_id, decision=status.name,
+                        error=str(exc), detail="the broker's back-scan will ask the CheckMessageListener")
+
+    # -- the broker's questions -------------------------------------------------------------
+
+    async def _on_request(self, connection: ClientConnection, frame: Frame, body: object) -> None:
+        if frame.cmd is not Cmd.TX_ACK:
+            log.warning("producer.unexpected_request", cmd=frame.cmd.name)
+            return
+        assert isinstance(body, pb.TxACKPacket)
+        self.nursery.start_soon(self._answer_check, connection, frame.opaque, body)
+
+    async def _answer_check(self, connection: ClientConnection, opaque: int, packet: pb.TxACKPacket) -> None:
+        message = Message.from_header(packet.header, b"")
+        status, feedback = TxStatus.UNKNOWN, "no CheckMessageListener"
+        if self.check_listener is None:
+            if not self._warned_no_listener:
+                self._warned_no_listener = True
+                log.warning("producer.no_check_listener", group=self.group,
+                            detail="answering UNKNOWN to transaction checks; pass check_listener=")
+        else:
+            try:
+                status = TxStatus(await self.check_listener.check(message))
+                feedback = "checked"
+            except Exception as exc:  # noqa: BLE001 - a failing check is an UNKNOWN answer
+                status, feedback = TxStatus.UNKNOWN, f"check failed: {exc}"
+                log.warning("producer.check_failed", message_id=message.message_id, error=str(exc))
+        try:
+            connection.send(opaque, Cmd.TX_ACK, pb.TxACKPacket(header=packet.header, status=status,
+                                                                feedback=feedback))
+        except ConnectionClosed:
+            return
+
+    def _log(self, event: str, message: Message, **fields: object) -> None:
+        if self.delivery_log is not None:
+            self.delivery_log.emit(event, None, message_id=message.message_id, topic=message.topic,
+                                   message_type=message.message_type, producer_group=self.group, **fields)

@@ -1,0 +1,141 @@
+"""Broker configuration: typed dataclasses, loaded from TOML, overridden by flags.
+
+Every key of DESIGN.md's `kiteq.toml` lives here with its default. A bad value stops
+the broker at start with a ConfigError naming the key (`[delivery] retry_base: ...`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kiteq.errors import ConfigError
+
+
+@dataclass
+class ServerConfig:
+    bind: str = "127.0.0.1:13800"
+    admin_bind: str = "127.0.0.1:13801"
+    store: str = "file://./data/store"
+    registry: str = "file://./data/registry.json"
+    delivery_log: str = ""
+    delivery_log_max_bytes: int = 64 * 1024 * 1024
+    max_frame_bytes: int = 2 * 1024 * 1024
+    topics: list[str] = field(default_factory=list)
+    max_connections: int = 10_000
+    max_inflight_per_connection: int = 4096
+    idle_timeout: float = 60.0
+    handshake_timeout: float = 10.0
+    log_level: str = "info"
+    log_format: str = "console"
+    admin_token: str = ""
+
+
+@dataclass
+class DeliveryConfig:
+    deliver_timeout: float = 5.0
+    retry_base: float = 1.0
+    retry_max: float = 300.0
+    retry_jitter: str = "full"
+    recover_interval: float = 1.0
+    recover_page: int = 500
+    lane_capacity: int = 4096
+
+
+@dataclass
+class TxConfig:
+    tx_scan_interval: float = 5.0
+    tx_check_after: float = 10.0
+    tx_check_max: int = 15
+    tx_check_inflight: int = 64
+    tx_check_rate: float = 500.0
+    tx_check_timeout: float = 5.0
+
+
+@dataclass
+class BrokerConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    auth: dict[str, str] = field(default_factory=dict)
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
+    tx: TxConfig = field(default_factory=TxConfig)
+
+    def validate(self) -> BrokerConfig:
+        """Raise ConfigError for the first invalid value, naming its key."""
+        for section in ("server", "delivery", "tx"):
+            for f in dataclasses.fields(getattr(self, section)):
+                value = getattr(getattr(self, section), f.name)
+                if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                    raise ConfigError(f"[{section}] {f.name}: must not be negative, got {value}")
+        _check_address("[server] bind", self.server.bind)
+        if self.server.admin_bind:
+            _check_address("[server] admin_bind", self.server.admin_bind)
+        if self.delivery.retry_jitter not in ("full", "none"):
+            raise ConfigError(f"[delivery] retry_jitter: use 'full' or 'none', got {self.delivery.retry_jitter!r}")
+        if self.delivery.retry_base <= 0 or self.delivery.retry_max < self.delivery.retry_base:
+            raise ConfigError("[delivery] retry_base/retry_max: need 0 < retry_base <= retry_max")
+        if self.delivery.deliver_timeout <= 0:
+            raise ConfigError("[delivery] deliver_timeout: must be positive")
+        if self.server.max_frame_bytes < 1024:
+            raise ConfigError("[server] max_frame_bytes: must be at least 1024")
+        if self.tx.tx_check_max < 1 or self.tx.tx_check_inflight < 1 or self.tx.tx_check_rate <= 0:
+            raise ConfigError("[tx] tx_check_max, tx_check_inflight and tx_check_rate must be positive")
+        for group, secret in self.auth.items():
+            if not isinstance(secret, str):
+                raise ConfigError(f"[auth] {group}: the secret must be a string")
+        return self
+
+
+def _check_address(key: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"{key}: expected host:port, got {value!r}")
+
+
+def _apply(target: object, values: dict[str, Any], section: str) -> None:
+    known = {f.name: f for f in dataclasses.fields(target)}  # type: ignore[arg-type]
+    for key, value in values.items():
+        if key not in known:
+            raise ConfigError(f"[{section}] {key}: unknown key (known: {', '.join(sorted(known))})")
+        default = getattr(target, key)
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, float):
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            value = float(value) if ok else value
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(default, list):
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            raise ConfigError(f"[{section}] {key}: expected {type(default).__name__}, got {value!r}")
+        setattr(target, key, value)
+
+
+def load_config(path: Path | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> BrokerConfig:
+    """Defaults, then the TOML file, then `overrides` ({section: {key: value}}) from flags."""
+    config = BrokerConfig()
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    for section, values in data.items():
+        if section == "auth":
+            if not isinstance(values, dict):
+                raise ConfigError("[auth]: must be a table of group = \"secret\"")
+            config.auth.update(values)
+        elif section in ("server", "delivery", "tx") and isinstance(values, dict):
+            _apply(getattr(config, section), values, section)
+        else:
+            raise ConfigError(f"[{section}]: unknown section (known: server, auth, delivery, tx)")
+    for section, values in (overrides or {}).items():
+        _apply(getattr(config, section), {k: v for k, v in values.items() if v is not None}, section)
+    return config.validate()

@@ -1,0 +1,95 @@
+"""Dead-letter operations: list with filters, redrive, purge. Used by the admin routes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from kiteq.server.delivery.dispatcher import Dispatcher
+from kiteq.server.events import Events
+from stores import MessageEntity, MessageStore
+
+PAGE = 500
+
+
+@dataclass(frozen=True, slots=True)
+class DeadFilter:
+    """Which dead letters an operation applies to; empty fields match everything."""
+
+    message_id: str = ""
+    topic: str = ""
+    group: str = ""
+    reason: str = ""
+
+    def matches(self, entity: MessageEntity) -> bool:
+        return (
+            (not self.message_id or entity.message_id == self.message_id)
+            and (not self.topic or entity.topic == self.topic)
+            and (not self.group or self.group in entity.fail_groups or self.group == entity.producer_group)
+            and (not self.reason or entity.dead_reason == self.reason)
+        )
+
+
+async def dead_letters(store: MessageStore, selection: DeadFilter) -> AsyncIterator[MessageEntity]:
+    if selection.message_id:
+        entity = await store.get(selection.message_id)
+        if entity is not None and entity.dead and selection.matches(entity):
+            yield entity
+        return
+    cursor = None
+    while True:
+        page = await store.page_dead(cursor, PAGE)
+        for entity in page.items:
+            if selection.matches(entity):
+                yield entity
+        if page.cursor is None:
+            return
+        cursor = page.cursor
+
+
+def describe(entity: MessageEntity) -> dict[str, object]:
+    return {
+        "message_id": entity.message_id,
+        "topic": entity.topic,
+        "message_type": entity.message_type,
+        "producer_group": entity.producer_group,
+        "reason": entity.dead_reason,
+        "deliver_count": entity.deliver_count,
+        "succ_groups": list(entity.succ_groups),
+        "fail_groups": list(entity.fail_groups),
+        "created_at": entity.created_at,
+        "committed": entity.commit,
+    }
+
+
+async def list_dead(store: MessageStore, selection: DeadFilter, limit: int) -> list[dict[str, object]]:
+    found = []
+    async for entity in dead_letters(store, selection):
+        found.append(describe(entity))
+        if len(found) >= limit:
+            break
+    return found
+
+
+async def redrive(store: MessageStore, dispatcher: Dispatcher, events: Events, selection: DeadFilter) -> int:
+    """Bring matching dead letters back and deliver them now; the number redriven."""
+    chosen = [entity.message_id async for entity in dead_letters(store, selection)]
+    count = 0
+    for message_id in chosen:
+        if not await store.redrive(message_id):
+            continue
+        entity = await store.get(message_id)
+        if entity is None:
+            continue
+        count += 1
+        events.emit("redriven", entity)
+        dispatcher.submit(entity)
+    return count
+
+
+async def purge(store: MessageStore, selection: DeadFilter) -> int:
+    chosen = [entity.message_id async for entity in dead_letters(store, selection)]
+    count = 0
+    for message_id in chosen:
+        count += await store.purge(message_id)
+    return count

@@ -1,0 +1,263 @@
+"""The broker: one nursery tree that owns every task.
+
+    Broker.run
+    ├── dispatcher (lane pumps, completion recorder)
+    ├── registry watch (bindings -> router, lanes, served topics)
+    ├── recover loop, tx back-scan, pending-request expiry, delivery-log flusher
+    ├── admin HTTP endpoint
+    └── TCP listener -> one BrokerConnection per client (reader, writer, request tasks)
+
+Handlers that touch the store (`produce`, `decide`) are methods here so the path
+of a message reads top to bottom: validate -> save -> ack -> dispatch.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import time
+import structlog
+import trio
+
+from kiteq.config import BrokerConfig
+from kiteq.delivery_log import DeliveryLog
+from kiteq.registry import Registry, open_registry
+from kiteq.registry.bindings import Binding
+from kiteq.server.connection import BrokerConnection
+from kiteq.server.delivery.dispatcher import Dispatcher
+from kiteq.server.delivery.recover import RecoverLoop
+from kiteq.server.events import Events
+from kiteq.server.groups import GroupTable
+from kiteq.server.ratelimit import TokenBucket
+from kiteq.server.routing import Router
+from kiteq.server.tx.backscan import TxBackscan, decision_of
+from kiteq.server.tx.decisions import apply_decision
+from kiteq.server.validate import InvalidMessage, validate_message
+from protocol import Cmd, TxStatus, pb
+from stores import MessageStore, StoreError, entity_from_wire, open_store
+
+log = structlog.get_logger(__name__)
+
+STORE_TIMEOUT = 10.0
+EXPIRY_TICK = 0.1
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig, *, store: MessageStore | None = None,
+                 registry: Registry | None = None) -> None:
+        self.config = config
+        self.store = store or open_store(config.server.store)
+        self.registry = registry or open_registry(config.server.registry)
+        self.address = config.server.bind
+        self.admin_address = ""
+        delivery_log = (
+            DeliveryLog(config.server.delivery_log, "broker", max_bytes=config.server.delivery_log_max_bytes)
+            if config.server.delivery_log else None
+        )
+        self.events = Events(delivery_log)
+        self.router = Router()
+        self.groups = GroupTable()
+        self.dispatcher = Dispatcher(self.store, self.router, self.groups, config.delivery, self.events)
+        self.recover = RecoverLoop(self.store, self.dispatcher, config.delivery)
+        self.dispatcher.on_capacity = self.recover.wake
+        self.backscan = TxBackscan(self.store, self.groups, config.tx, self.events)
+        self.connections: set[BrokerConnection] = set()
+        self.started_at = time.time()
+        self.served_topics: tuple[str, ...] = ()
+        self._auth_failures: dict[str, TokenBucket] = {}
+        self._nursery: trio.Nursery | None = None
+        self._cancel = trio.CancelScope()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled or `stop()`; `task_status.started(address)` once listening."""
+        host, _, port = self.config.server.bind.rpartition(":")
+        if not self.config.auth:
+            log.warning("broker.auth_open", detail="no [auth] table: any group and secret is accepted")
+        if not self.store.durable:
+            log.warning("broker.store_not_durable", store=self.store.uri,
+                        detail="messages are lost when the broker stops")
+        with self._cancel:
+            async with self.store, self.registry, trio.open_nursery() as nursery:
+                self._nursery = nursery
+                listeners = await trio.open_tcp_listeners(int(port), host=host)
+                bound = listeners[0].socket.getsockname()
+                self.address = f"{host}:{bound[1]}"
+                if self.events.delivery_log is not None:
+                    self.events.delivery_log.broker = self.address
+                await nursery.start(self.dispatcher.run)
+                await nursery.start(self.registry.watch_bindings, self._on_bindings)
+                await self._register()
+                nursery.start_soon(self.recover.run)
+                nursery.start_soon(self.backscan.run)
+                nursery.start_soon(self._expire_requests)
+                if self.events.delivery_log is not None:
+                    nursery.start_soon(self.events.delivery_log.run)
+                await self._start_admin(nursery)
+                nursery.start_soon(trio.serve_listeners, self._accept, listeners)
+                log.info("broker.started", address=self.address, store=self.store.uri, registry=self.registry.uri)
+                task_status.started(self.address)
+        await self._unregister()
+
+    async def _start_admin(self, nursery: trio.Nursery) -> None:
+        if not self.config.server.admin_bind:
+            return
+        from kiteq.server.admin import serve_admin
+
+        bound = await nursery.start(serve_admin, self)
+        self.admin_address = bound[0] if bound else self.config.server.admin_bind
+
+    def stop(self) -> None:
+        self._cancel.cancel()
+
+    async def _register(self) -> None:
+        topics = tuple(sorted(set(self.config.server.topics) | set(self.router.topics)))
+        if topics != self.served_topics:
+            self.served_topics = topics
+            await self.registry.register_server(self.address, topics)
+
+    async def _unregister(self) -> None:
+        with trio.move_on_after(5) as scope:
+            scope.shield = True
+            try:
+                await self.registry.unregister_server(self.address)
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                log.warning("broker.unregister_failed", error=str(exc))
+
+    def _on_bindings(self, bindings: list[Binding]) -> None:
+        self.router.update(bindings)
+        self.dispatcher.sync_lanes(bindings)
+        self.recover.wake()
+        if self._nursery is not None:
+            self._nursery.start_soon(self._register)
+        log.info("broker.bindings", count=len(bindings), topics=self.router.topics)
+
+    # -- connections ------------------------------------------------------------------------
+
+    async def _accept(self, stream: trio.SocketStream) -> None:
+        try:
+            peer_host, peer_port = stream.socket.getpeername()[:2]
+            peer = f"{peer_host}:{peer_port}"
+        except OSError:
+            peer = "?"
+        if len(self.connections) >= self.config.server.max_connections:
+            log.warning("connection.refused", conn=peer, reason="max_connections reached")
+            await trio.aclose_forcefully(stream)
+            return
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        connection = BrokerConnection(self, stream, peer)
+        self.connections.add(connection)
+        try:
+            await connection.serve()
+        finally:
+            self.connections.discard(connection)
+            if connection.authenticated:
+                self.groups.remove(connection)
+                log.info("connection.closed", conn=peer, group=connection.group)
+
+    def check_auth(self, group: str, secret: str, peer: str) -> str:
+        """'' if the group may connect, else the reason sent back (never echoing the secret)."""
+        if not group:
+            return "groupId must not be empty"
+        if not self.config.auth:
+            return ""
+        host = peer.rpartition(":")[0]
+        bucket = self._auth_failures.get(host)
+        if bucket is not None and bucket.try_take(time.monotonic()) is False:
+            log.warning("auth.rate_limited", conn=peer, group=group)
+            return "too many failed authentications from this address; wait and retry"
+        expected = self.config.auth.get(group)
+        if expected is not None and _same(expected, secret):
+            return ""
+        if bucket is None:
+            self._auth_failures[host] = TokenBucket(rate=1.0, burst=10.0)
+        log.warning("auth.refused", conn=peer, group=group, known_group=expected is not None)
+        return f"authentication failed for group {group!r}: unknown group or wrong secret"
+
+    def connection_authenticated(self, connection: BrokerConnection) -> None:
+        self.groups.add(connection)
+        self.recover.wake()
+
+    async def _expire_requests(self) -> None:
+        while True:
+            await trio.sleep(EXPIRY_TICK)
+            now = trio.current_time()
+            for connection in list(self.connections):
+                connection.expire(now)
+
+    # -- handlers -----------------------------------------------------------------------------
+
+    async def produce(self, connection: BrokerConnection, opaque: int, cmd: Cmd,
+                      message: pb.BytesMessage | pb.StringMessage) -> None:
+        """Validate, store, ack, then dispatch: the ack is sent only once the store has the message."""
+        entity = entity_from_wire(cmd, message)
+        now = time.time()
+
+        def ack(status: bool, feedback: str) -> None:
+            connection.reply(opaque, Cmd.MESSAGE_STORE_ACK,
+                             pb.MessageStoreAck(messageId=entity.message_id, status=status, feedback=feedback))
+
+        try:
+            validate_message(entity, now)
+        except InvalidMessage as exc:
+            ack(False, str(exc))
+            return
+        entity.created_at = now
+        entity.next_deliver_at = now
+        entity.broker = self.address
+        if entity.fly:
+            ack(True, "FLY NO NEED SAVE")
+            self.dispatcher.submit(entity)
+            return
+        try:
+            with trio.fail_after(STORE_TIMEOUT):
+                saved = await self.store.save(entity)
+        except (StoreError, trio.TooSlowError) as exc:
+            log.warning("message.store_failed", conn=connection.peer, message_id=entity.message_id, error=str(exc))
+            ack(False, f"Store Result false: {exc or 'store timed out'}; resend the message")
+            return
+        ack(True, "Store Result true" if saved else "Store Result true (duplicate, stored once)")
+        if not saved:
+            return
+        self.events.emit("stored", entity, commit=entity.commit, groups=self.dispatcher.target_groups(entity))
+        if entity.commit:
+            self.dispatcher.submit(entity)
+
+    async def decide(self, connection: BrokerConnection, packet: pb.TxACKPacket) -> None:
+        status = decision_of(packet.status)
+        if status is TxStatus.UNKNOWN:
+            return
+        try:
+            await apply_decision(self.store, self.dispatcher, self.events, packet.header.messageId, status)
+        except StoreError as exc:
+            log.warning("tx.decision_failed", conn=connection.peer, message_id=packet.header.messageId,
+                        error=str(exc), detail="the back-scan will ask again")
+
+    # -- introspection ------------------------------------------------------------------------
+
+    async def stats(self) -> dict[str, object]:
+        store_stats = await self.store.stats()
+        return {
+            "address": self.address,
+            "uptime": time.time() - self.started_at,
+            "connections": len(self.connections),
+            "groups": self.groups.groups(),
+            "registry": {"uri": self.registry.uri, "connected": self.registry.connected},
+            "lanes": self.dispatcher.lane_stats(),
+            "rounds_in_flight": len(self.dispatcher.rounds),
+            "store": {
+                "kind": store_stats.kind,
+                "messages": store_stats.messages,
+                "uncommitted": store_stats.uncommitted,
+                "dead": store_stats.dead,
+                "dead_by_reason": store_stats.dead_by_reason,
+                "backlog_by_topic": store_stats.backlog_by_topic,
+                "details": store_stats.details,
+            },
+            "counters": {f"{event}|{topic}|{group}": n for (event, topic, group), n in self.events.counts.items()},
+        }
+
+
+def _same(expected: str, given: str) -> bool:
+    return hmac.compare_digest(expected.encode(), given.encode())

@@ -1,0 +1,217 @@
+"""Pushes committed messages to their groups and turns answers into store updates.
+
+Path of a message: `submit` routes it and offers one `Delivery` per target group to
+that binding's lane; a lane's pump waits for a watermark slot, picks a connection
+and sends; the connection resolves the delivery on DeliverAck, timeout or loss;
+when the round's last group has answered, the round goes to the completion task,
+which records the outcome in the store (finish, retry with backoff, dead-letter)
+and only then forgets the round, so the recover loop never sees a stale message.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+
+import structlog
+import trio
+
+from kiteq.config import DeliveryConfig
+from kiteq.registry.bindings import Binding
+from kiteq.server.delivery.lanes import Delivery, Lane
+from kiteq.server.delivery.retry import backoff_delay
+from kiteq.server.delivery.rounds import Outcome, Round, Verdict
+from kiteq.server.events import Events
+from kiteq.server.groups import GroupTable
+from kiteq.server.routing import Router
+from stores import MessageStore, StoreError
+from stores.entity import MessageEntity
+
+log = structlog.get_logger(__name__)
+
+
+class Dispatcher:
+    def __init__(self, store: MessageStore, router: Router, groups: GroupTable, config: DeliveryConfig,
+                 events: Events) -> None:
+        self.store = store
+        self.router = router
+        self.groups = groups
+        self.config = config
+        self.events = events
+        self.rounds: dict[str, Round] = {}
+        self.lanes: dict[tuple[str, str, str], Lane] = {}
+        self.on_capacity: Callable[[], None] = lambda: None
+        self._nursery: trio.Nursery | None = None
+        self._completed_send, self._completed_receive = trio.open_memory_channel[Round](math.inf)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for lane in self.lanes.values():
+                nursery.start_soon(self._pump, lane)
+            nursery.start_soon(self._record_completed)
+            task_status.started()
+
+    # -- bindings ---------------------------------------------------------------------
+
+    def sync_lanes(self, bindings: Iterable[Binding]) -> None:
+        """Open a lane per new binding, apply changed watermarks, close removed ones."""
+        wanted = {b.key: b for b in bindings}
+        for key, lane in list(self.lanes.items()):
+            if key not in wanted:
+                lane.close()
+                del self.lanes[key]
+        for key, binding in wanted.items():
+            lane = self.lanes.get(key)
+            if lane is not None:
+                lane.rebind(binding)
+                continue
+            lane = self.lanes[key] = Lane(binding, self.config.lane_capacity)
+            if self._nursery is not None:
+                self._nursery.start_soon(self._pump, lane)
+
+    # -- sending ----------------------------------------------------------------------
+
+    def submit(self, entity: MessageEntity) -> bool:
+        """Offer a committed message to its groups; False if no lane took it (busy or offline).
+
+        A message already in a round is left alone: it is on its way.
+        """
+        if entity.message_id in self.rounds:
+            return False
+        bindings = self.router.route(entity.topic, entity.message_type)
+        owed = [b for b in bindings if b.group not in entity.succ_groups]
+        round_ = Round.of(entity, frozenset(b.group for b in bindings))
+        self.rounds[entity.message_id] = round_
+        if not bindings or entity.is_expired(time.time()):
+            self._complete(round_)
+            return False
+        for binding in owed:
+            if not self.groups.has_live(binding.group):
+                self._unreachable(round_, binding)
+                continue
+            lane = self.lanes.get(binding.key)
+            delivery = Delivery(round_, lane, binding.group, self) if lane is not None else None
+            if delivery is not None and lane is not None and lane.offer(delivery):
+                round_.pending.add(binding.group)
+                round_.dispatched = True
+            else:
+                round_.deferred = True
+        if round_.complete:
+            self._complete(round_)
+        return round_.dispatched
+
+    def _unreachable(self, round_: Round, binding: Binding) -> None:
+        """No consumer of the group is online: keep it for later, or skip a non-persistent group."""
+        if binding.persistent:
+            round_.deferred = True
+            return
+        round_.succ.add(binding.group)
+        self.events.emit("dropped", round_.entity, group=binding.group, reason="no-consumer")
+
+    async def _pump(self, lane: Lane) -> None:
+        """Send the lane's deliveries, never more than its watermark unacked at once."""
+        async for delivery in lane.receive:
+            await lane.limiter.acquire_on_behalf_of(delivery)
+            peer = self.groups.pick(lane.group, time.time())
+            if peer is None:
+                lane.limiter.release_on_behalf_of(delivery)
+                self._give_back(delivery)
+                continue
+            peer.deliver(delivery, self.config.deliver_timeout)  # type: ignore[attr-defined]
+            self.events.emit("delivered", delivery.round.entity, group=lane.group,
+                             attempt=delivery.round.entity.deliver_count + 1)
+        for delivery in _drain(lane):
+            self._give_back(delivery)
+
+    def _give_back(self, delivery: Delivery) -> None:
+        """A queued delivery that was never sent (group went offline, binding removed)."""
+        round_ = delivery.round
+        round_.pending.discard(delivery.group)
+        if delivery.lane.binding.persistent:
+            round_.deferred = True
+        else:
+            self._unreachable(round_, delivery.lane.binding)
+        if round_.complete:
+            self._complete(round_)
+
+    # -- answers ----------------------------------------------------------------------
+
+    def resolve(self, delivery: Delivery, ok: bool, reason: str = "") -> None:
+        """A group answered (or timed out, or its connection died): record it in the round."""
+        lane = delivery.lane
+        lane.limiter.release_on_behalf_of(delivery)
+        if lane.starved:
+            lane.starved = False
+            self.on_capacity()
+        round_ = delivery.round
+        latency_ms = round((time.time() - delivery.sent_at) * 1000, 3)
+        if ok:
+            self.events.emit("acked", round_.entity, group=delivery.group, latency_ms=latency_ms)
+        else:
+            event = "timeout" if reason == "timeout" else "nacked"
+            self.events.emit(event, round_.entity, group=delivery.group, reason=reason, latency_ms=latency_ms)
+        round_.record(delivery.group, ok, reason)
+        if round_.complete:
+            self._complete(round_)
+
+    def _complete(self, round_: Round) -> None:
+        self._completed_send.send_nowait(round_)
+
+    async def _record_completed(self) -> None:
+        """Write each finished round's outcome; the round is forgotten only once it is stored."""
+        async for round_ in self._completed_receive:
+            outcome = round_.outcome(time.time())
+            try:
+                await self._record(round_, outcome)
+            except StoreError as exc:
+                log.warning("delivery.record_failed", message_id=round_.message_id, error=str(exc))
+            finally:
+                self.rounds.pop(round_.message_id, None)
+
+    async def _record(self, round_: Round, outcome: Outcome) -> None:
+        entity = round_.entity
+        if entity.fly:
+            if outcome.verdict is Verdict.FINISH:
+                self.events.emit("finished", entity)
+            return
+        now = time.time()
+        match outcome.verdict:
+            case Verdict.FINISH:
+                await self.store.finish(entity.message_id)
+                self.events.emit("finished", entity)
+            case Verdict.DEAD:
+                await self.store.dead_letter(entity.message_id, outcome.reason)
+                self.events.emit("dead_lettered", entity, reason=outcome.reason, attempt=outcome.deliver_count)
+            case Verdict.RETRY:
+                delay = backoff_delay(outcome.deliver_count, self.config.retry_base, self.config.retry_max,
+                                      self.config.retry_jitter)
+                await self.store.update_delivery(entity.message_id, outcome.succ_groups, outcome.fail_groups,
+                                                 outcome.deliver_count, now + delay)
+            case Verdict.REOFFER:
+                await self.store.update_delivery(entity.message_id, outcome.succ_groups, (),
+                                                 outcome.deliver_count, now)
+            case Verdict.UNCHANGED:
+                pass
+
+    # -- introspection ------------------------------------------------------------------
+
+    def target_groups(self, entity: MessageEntity) -> list[str]:
+        return [b.group for b in self.router.route(entity.topic, entity.message_type)]
+
+    def lane_stats(self) -> list[dict[str, object]]:
+        return [
+            {"group": lane.group, "topic": lane.binding.topic, "message_type": lane.binding.message_type,
+             "watermark": lane.binding.watermark, "inflight": lane.inflight, "queued": lane.queued}
+            for lane in self.lanes.values()
+        ]
+
+
+def _drain(lane: Lane) -> list[Delivery]:
+    drained = []
+    while True:
+        try:
+            drained.append(lane.receive.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return drained

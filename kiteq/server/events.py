@@ -1,0 +1,33 @@
+"""Where the broker reports what happened to a message: counters, delivery log, debug log.
+
+One call site per lifecycle step (`events.emit("acked", entity, group=g)`) feeds the
+Prometheus counters, the delivery log (when enabled) and structlog at debug level.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import structlog
+
+from kiteq.delivery_log import DeliveryLog
+from stores.entity import MessageEntity
+
+log = structlog.get_logger("kiteq.message")
+
+
+class Events:
+    def __init__(self, delivery_log: DeliveryLog | None = None) -> None:
+        self.delivery_log = delivery_log
+        # (event, topic, group) -> count; group is "" for events without one.
+        self.counts: Counter[tuple[str, str, str]] = Counter()
+
+    def emit(self, event: str, entity: MessageEntity, **fields: object) -> None:
+        group = str(fields.get("group", ""))
+        self.counts[(event, entity.topic, group)] += 1
+        if self.delivery_log is not None:
+            self.delivery_log.emit(event, entity, **fields)
+        log.debug(f"message.{event}", message_id=entity.message_id, topic=entity.topic, **fields)
+
+    def total(self, event: str) -> int:
+        return sum(n for (name, _, _), n in self.counts.items() if name == event)

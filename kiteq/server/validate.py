@@ -1,0 +1,53 @@
+"""Checks a produced message before it is stored: pure, no I/O.
+
+The rules follow KiteQ's check_message handler (32-hex ids, deliverLimit and
+expiredTime normalised), plus explicit size limits on header fields.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from stores.entity import MessageEntity
+
+MESSAGE_ID = re.compile(r"[0-9a-fA-F]{32}")
+MAX_DELIVER_LIMIT = 100
+MAX_TTL_SECONDS = 7 * 24 * 3600
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_name_length: int = 255
+    max_properties: int = 64
+    max_property_bytes: int = 8192
+
+
+class InvalidMessage(ValueError):
+    """The message is refused; the text goes back to the producer as the ack's feedback."""
+
+
+def validate_message(entity: MessageEntity, now: float, limits: Limits = Limits()) -> None:
+    """Refuse a malformed message and normalise its limits in place (as KiteQ does)."""
+    if not MESSAGE_ID.fullmatch(entity.message_id):
+        raise InvalidMessage("Invalid MessageId For UUID! messageId must be 32 hex characters")
+    for name, value in (("topic", entity.topic), ("messageType", entity.message_type),
+                        ("groupId", entity.producer_group)):
+        if not value:
+            raise InvalidMessage(f"header.{name} must not be empty")
+        if len(value) > limits.max_name_length:
+            raise InvalidMessage(f"header.{name} is longer than {limits.max_name_length} characters")
+    if len(entity.properties) > limits.max_properties:
+        raise InvalidMessage(f"more than {limits.max_properties} properties")
+    if sum(len(k) + len(v) for k, v in entity.properties.items()) > limits.max_property_bytes:
+        raise InvalidMessage(f"properties exceed {limits.max_property_bytes} bytes")
+    if entity.fly and not entity.commit:
+        raise InvalidMessage("FLY MUST BE COMMITTED ! a fly message cannot be transactional")
+    if entity.deliver_limit <= 0 or entity.deliver_limit > MAX_DELIVER_LIMIT:
+        entity.deliver_limit = MAX_DELIVER_LIMIT
+    if 0 < entity.expired_time <= now:
+        raise InvalidMessage("Expired Message! expiredTime is in the past")
+    if entity.expired_time <= 0 or entity.expired_time > now + MAX_TTL_SECONDS:
+        entity.expired_time = int(now) + MAX_TTL_SECONDS
+    if entity.create_time <= 0:
+        entity.create_time = int(now)

@@ -1,0 +1,96 @@
+"""A framed TCP stream: the I/O edge around the sans-IO FrameDecoder.
+
+Both the broker's and the clients' connections use it. Writes never block the
+caller: frames go into an outbox that one writer task flushes with a single
+`send_all` per wake-up, so a burst of acks or deliveries costs one syscall, not one
+per frame (the cost on loopback is per send, not per byte). The outbox is bounded
+in bytes; a peer that stops reading past that bound is disconnected rather than
+allowed to grow our memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import structlog
+import trio
+
+from protocol import Frame, FrameDecoder
+
+log = structlog.get_logger(__name__)
+
+READ_SIZE = 256 * 1024
+DEFAULT_OUTBOX_LIMIT = 64 * 1024 * 1024
+
+
+class OutboxOverflow(Exception):
+    """The peer is not reading; its connection is being closed."""
+
+
+class FramedStream:
+    """Frames in, frames out, over one trio stream. Owned by the caller's nursery."""
+
+    def __init__(self, stream: trio.abc.Stream, max_body: int, outbox_limit: int = DEFAULT_OUTBOX_LIMIT) -> None:
+        self.stream = stream
+        self.decoder = FrameDecoder(max_body)
+        self.outbox_limit = outbox_limit
+        self._outbox: list[bytes] = []
+        self._outbox_bytes = 0
+        self._wakeup = trio.Event()
+        self._closed = False
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def send(self, data: bytes) -> None:
+        """Queue encoded frame bytes; raises OutboxOverflow if the peer stopped reading."""
+        if self._closed:
+            return
+        self._outbox.append(data)
+        self._outbox_bytes += len(data)
+        if self._outbox_bytes > self.outbox_limit:
+            raise OutboxOverflow(f"peer has {self._outbox_bytes} unread bytes queued")
+        self._wakeup.set()
+
+    async def write_loop(self) -> None:
+        """Flush the outbox until `finish()` was called and all is sent, or the peer goes away."""
+        try:
+            while True:
+                if not self._outbox:
+                    if self._closed:
+                        return
+                    await self._wakeup.wait()
+                    self._wakeup = trio.Event()
+                    continue
+                batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
+                data = b"".join(batch)
+                await self.stream.send_all(data)
+                self.bytes_out += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._closed = True
+            self._outbox.clear()
+
+    def finish(self) -> None:
+        """Accept no more frames; the write loop returns once the outbox is flushed."""
+        self._closed = True
+        self._wakeup.set()
+
+    async def read_loop(self, on_frames: Callable[[list[Frame]], Awaitable[None]]) -> None:
+        """Feed received bytes to the decoder and hand over every frame of each read.
+
+        Returns at EOF or when the peer resets; raises ProtocolError on a framing error.
+        """
+        try:
+            while True:
+                data = await self.stream.receive_some(READ_SIZE)
+                if not data:
+                    return
+                self.bytes_in += len(data)
+                frames = self.decoder.feed(data)
+                if frames:
+                    await on_frames(frames)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
