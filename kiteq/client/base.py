@@ -14,6 +14,7 @@ import trio
 from kiteq.client.brokers import BrokerPool
 from kiteq.client.connection import ClientConnection, Credentials
 from kiteq.delivery_log import DeliveryLog
+from kiteq.errors import KiteQError, leaf_error
 from kiteq.registry import Registry, open_registry
 from protocol import Frame
 
@@ -45,6 +46,17 @@ class Client:
         return self._nursery
 
     async def __aenter__(self) -> Self:
+        """Connect; raises AuthError if a broker refuses the credentials (not an ExceptionGroup)."""
+        try:
+            await self._enter()
+        except BaseExceptionGroup as group:
+            error = leaf_error(group, (KiteQError,))
+            if error is None:
+                raise
+            raise error from None
+        return self
+
+    async def _enter(self) -> None:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self.registry)
             self._nursery = await stack.enter_async_context(trio.open_nursery())
@@ -56,7 +68,6 @@ class Client:
             if not await self.pool.wait_connected(self.connect_timeout):
                 log.warning(f"{self.role}.not_connected", topics=self.topics, detail="still trying in the background")
             self._stack = stack.pop_all()
-        return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:

@@ -14,7 +14,7 @@ import structlog
 import trio
 
 from kiteq.client.connection import ClientConnection, Credentials, RequestHandler
-from kiteq.errors import AuthError, ConnectionClosed, SendError
+from kiteq.errors import AuthError, ConnectionClosed, SendError, leaf_error
 from kiteq.registry import Registry
 
 log = structlog.get_logger(__name__)
@@ -67,10 +67,12 @@ class BrokerPool:
                     await self._serve(address, connection)
                     delay = RECONNECT_BASE
                 except* AuthError as group:
-                    self.auth_error = group.exceptions[0]  # type: ignore[assignment]
+                    self.auth_error = leaf_error(group, (AuthError,))  # type: ignore[assignment]
                     log.error("client.auth_refused", broker=address, error=str(self.auth_error))
+                    self._notify()
                 except* (OSError, trio.TooSlowError, ConnectionClosed) as group:
-                    log.info("client.connect_failed", broker=address, error=repr(group.exceptions[0]))
+                    error = leaf_error(group, (OSError, trio.TooSlowError, ConnectionClosed))
+                    log.info("client.connect_failed", broker=address, error=str(error) or type(error).__name__)
                 finally:
                     if self.connections.get(address) is connection:
                         del self.connections[address]

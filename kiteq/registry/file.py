@@ -89,6 +89,8 @@ class FileRegistry(Registry):
             tree = json.loads(raw)
         except ValueError as exc:
             raise RegistryError(f"registry file {self.path} is not valid JSON ({exc}); fix or remove it") from None
+        if not isinstance(tree, dict):
+            raise RegistryError(f"registry file {self.path} must hold a JSON object; fix or remove it")
         base = _empty_tree()
         base.update(tree)
         return base

@@ -283,13 +283,19 @@ class ZooKeeperRegistry(Registry):
             raise RegistryError("the ZooKeeper registry is not started (or already closed)")
         return self._client
 
-    async def _call(self, work: Callable[[float], T], *, read: bool = False) -> T:
+    async def _call(self, work: Callable[[float], T], *, read: bool = False, offline_ok: bool = False) -> T:
         """Run `work(deadline)` in a worker thread; kazoo's errors become RegistryErrors.
 
-        Reads may be abandoned on cancellation (their result is just dropped);
-        writes are waited for, and are bounded by `op_timeout` anyway.
+        While disconnected this fails at once unless `offline_ok`: kazoo would queue
+        the request and send it on reconnect, so a write reported as failed could
+        still happen later. Reads may be abandoned on cancellation (their result
+        is just dropped); writes are waited for, bounded by `op_timeout` anyway.
         """
         self._live_client()
+        if not (offline_ok or self.connected):
+            raise ZooKeeperUnavailable(
+                f"ZooKeeper at {self.hosts} is unreachable right now ({self.state}); retry when it is back"
+            )
         try:
             return await trio.to_thread.run_sync(
                 lambda: work(time.monotonic() + self.op_timeout), abandon_on_cancel=read
@@ -428,10 +434,15 @@ class ZooKeeperRegistry(Registry):
                 deadline,
             )
 
-        await self._call(work)
+        await self._call(work, offline_ok=True)
 
     async def unregister_server(self, address: str) -> None:
-        """Withdraw a broker this process registered (others' nodes go with their sessions)."""
+        """Withdraw a broker this process registered (others' nodes go with their sessions).
+
+        After `close()` this does nothing: closing already withdrew every node.
+        """
+        if self._client is None:
+            return
         await self.register_server(address, ())
 
     async def list_servers(self, topic: str | None = None) -> dict[str, list[str]]:
@@ -447,7 +458,7 @@ class ZooKeeperRegistry(Registry):
 
     async def register_producer(self, address: str, group: str, topics: Iterable[str]) -> None:
         paths = {self._producer_path(t, group, address) for t in topics}
-        await self._call(lambda deadline: self._update_ephemerals(paths, set(), deadline))
+        await self._call(lambda deadline: self._update_ephemerals(paths, set(), deadline), offline_ok=True)
 
     async def list_producers(self) -> dict[str, dict[str, list[str]]]:
         return await self._read(("producers",), self._read_producers)

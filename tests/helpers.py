@@ -1,0 +1,81 @@
+"""Shared test harness: an in-process broker on free ports, and recording listeners."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from kiteq import Message, MessageListener
+from kiteq.config import load_config
+from kiteq.server.broker import Broker
+
+FAST_POLL = 0.05
+
+
+def registry_uri(tmp_path: Path) -> str:
+    return f"file://{tmp_path}/registry.json?poll={FAST_POLL}"
+
+
+def broker_config(tmp_path: Path, *, store: str = "memory://", auth: dict[str, str] | None = None,
+                  **sections: dict[str, Any]):  # type: ignore[no-untyped-def]
+    server = {"bind": "127.0.0.1:0", "admin_bind": "127.0.0.1:0", "store": store, "registry": registry_uri(tmp_path)}
+    server.update(sections.pop("server", {}))
+    config = load_config(None, {"server": server, **sections})
+    config.auth = dict(auth or {})
+    return config
+
+
+@contextlib.asynccontextmanager
+async def running_broker(tmp_path: Path, **options: Any) -> AsyncIterator[Broker]:
+    """A broker serving on 127.0.0.1 (free port) for the duration of the block."""
+    broker = Broker(broker_config(tmp_path, **options))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(broker.run)
+        yield broker
+        broker.stop()
+
+
+class RecordingListener(MessageListener):
+    """Records every delivery; `fail(message)` decides a nack; `delay` slows it down."""
+
+    def __init__(self, fail: Callable[[Message], bool] | None = None, delay: float = 0.0) -> None:
+        self.fail = fail or (lambda message: False)
+        self.delay = delay
+        self.deliveries: list[Message] = []
+        self.acked: Counter[str] = Counter()
+        self.times: dict[str, list[float]] = defaultdict(list)
+        self.running = 0
+        self.max_running = 0
+
+    async def on_message(self, message: Message) -> bool:
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        try:
+            self.deliveries.append(message)
+            self.times[message.message_id].append(trio.current_time())
+            if self.delay:
+                await trio.sleep(self.delay)
+            if self.fail(message):
+                return False
+            self.acked[message.message_id] += 1
+            return True
+        finally:
+            self.running -= 1
+
+    @property
+    def acked_ids(self) -> set[str]:
+        return set(self.acked)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll `predicate` until true; fail the test with `what` after `timeout` seconds."""
+    with trio.move_on_after(timeout):
+        while not predicate():
+            await trio.sleep(0.02)
+        return
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

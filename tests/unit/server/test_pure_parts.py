@@ -1,0 +1,131 @@
+"""Validation, routing, backoff, warm-up and round bookkeeping: pure functions, no I/O."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+
+from kiteq.registry.bindings import Binding, BindingError, check_conflicts
+from kiteq.server.delivery.retry import backoff_delay
+from kiteq.server.delivery.rounds import Round, Verdict
+from kiteq.server.groups import WARMUP_FLOOR, GroupTable, warmup_weight
+from kiteq.server.routing import Router
+from kiteq.server.validate import MAX_TTL_SECONDS, InvalidMessage, validate_message
+from stores import MessageEntity
+
+NOW = 1_800_000_000.0
+
+
+def entity(**fields: object) -> MessageEntity:
+    e = MessageEntity(uuid.uuid4().hex, "trade", "pay-succ", "order-svc", b"x")
+    for k, v in fields.items():
+        setattr(e, k, v)
+    return e
+
+
+def test_validation_normalises_like_kiteq() -> None:
+    e = entity(deliver_limit=0, expired_time=-1)
+    validate_message(e, NOW)
+    assert e.deliver_limit == 100
+    assert e.expired_time == int(NOW) + MAX_TTL_SECONDS
+    assert e.create_time == int(NOW)
+
+
+@pytest.mark.parametrize(("fields", "reason"), [
+    ({"message_id": "not-hex"}, "Invalid MessageId"),
+    ({"topic": ""}, "topic must not be empty"),
+    ({"message_type": "x" * 300}, "messageType is longer"),
+    ({"expired_time": int(NOW) - 5}, "Expired Message"),
+    ({"fly": True, "commit": False}, "FLY MUST BE COMMITTED"),
+    ({"properties": {str(i): "v" for i in range(100)}}, "more than 64 properties"),
+])
+def test_validation_refusals(fields: dict[str, object], reason: str) -> None:
+    with pytest.raises(InvalidMessage, match=reason):
+        validate_message(entity(**fields), NOW)
+
+
+def test_routing_direct_regex_fanout_one_binding_per_group() -> None:
+    router = Router()
+    router.update([
+        Binding.direct("trade", "pay-succ", group="sms"),
+        Binding.regex("trade", "pay-.*", group="audit"),
+        Binding.regex("trade", "pay", group="strict"),
+        Binding.fanout("trade", group="all"),
+        Binding.direct("other", "pay-succ", group="elsewhere"),
+    ])
+    assert {b.group for b in router.route("trade", "pay-succ")} == {"sms", "audit", "all"}
+    assert {b.group for b in router.route("trade", "refund")} == {"all"}
+    assert {b.group for b in router.route("trade", "pay")} == {"strict", "all"}, "regex is a full match"
+    router.update([])
+    assert router.route("trade", "pay-succ") == ()
+
+
+def test_binding_conflicts() -> None:
+    existing = [Binding.direct("t", "a", group="g")]
+    with pytest.raises(BindingError, match="overlaps"):
+        check_conflicts(existing, Binding.regex("t", "a|b", group="g"))
+    with pytest.raises(BindingError):
+        check_conflicts(existing, Binding.fanout("t", group="g"))
+    check_conflicts(existing, Binding.direct("t", "b", group="g"))
+    check_conflicts(existing, Binding.fanout("t", group="other"))
+
+
+def test_backoff_doubles_to_the_cap_and_full_jitter_stays_below() -> None:
+    assert [backoff_delay(n, 1.0, 300.0, "none") for n in (1, 2, 3, 4, 10, 50)] == [1, 2, 4, 8, 300, 300]
+    rng = random.Random(1)
+    samples = [backoff_delay(4, 1.0, 300.0, "full", rng) for _ in range(1000)]
+    assert 0 <= min(samples) and max(samples) <= 8
+    assert 3 < sum(samples) / len(samples) < 5
+
+
+class FakePeer:
+    """A stand-in for a connection in a pure selection test (no I/O involved)."""
+
+    def __init__(self, group: str, inflight: int = 0, warmup: float = 0.0, at: float = NOW) -> None:
+        self.group, self.inflight, self.warmup_seconds, self.authenticated_at = group, inflight, warmup, at
+        self.alive = True
+
+
+def test_warmup_weight_ramps_linearly_from_the_floor() -> None:
+    peer = FakePeer("g", warmup=10.0)
+    assert warmup_weight(peer, NOW) == WARMUP_FLOOR
+    assert warmup_weight(peer, NOW + 5) == pytest.approx(0.5)
+    assert warmup_weight(peer, NOW + 20) == 1.0
+
+
+def test_pick_prefers_least_loaded_and_discounts_warming_peers() -> None:
+    table = GroupTable(random.Random(3))
+    busy, idle = FakePeer("g", inflight=5), FakePeer("g", inflight=1)
+    table.add(busy)
+    table.add(idle)
+    assert table.pick("g", NOW) is idle
+    warming = FakePeer("g", inflight=0, warmup=100.0, at=NOW)
+    table.add(warming)
+    assert table.pick("g", NOW) is idle, "at 10% weight an idle warming peer looks 10x loaded"
+    idle.alive = busy.alive = False
+    assert table.pick("g", NOW) is warming
+    assert table.pick("nobody", NOW) is None
+
+
+def test_round_outcomes() -> None:
+    e = entity(deliver_count=0, deliver_limit=3, expired_time=int(NOW) + 100)
+    r = Round.of(e, frozenset({"a", "b"}))
+    r.pending = {"a", "b"}
+    r.dispatched = True
+    r.record("a", True)
+    r.record("b", False, "nack")
+    out = r.outcome(NOW)
+    assert (out.verdict, out.succ_groups, out.fail_groups, out.deliver_count) == (Verdict.RETRY, ("a",), ("b",), 1)
+    e.deliver_count = 2
+    assert Round.of(e, frozenset({"b"})).outcome(NOW).verdict is Verdict.UNCHANGED
+    r2 = Round.of(e, frozenset({"b"}))
+    r2.dispatched = True
+    r2.record("b", False)
+    assert r2.outcome(NOW).verdict is Verdict.DEAD and r2.outcome(NOW).reason == "deliver-limit"
+    r3 = Round.of(e, frozenset({"b"}))
+    r3.record("b", True)
+    assert r3.outcome(NOW).verdict is Verdict.FINISH
+    assert r3.outcome(NOW + 1000).reason == "expired"
+    assert Round.of(e, frozenset()).outcome(NOW).reason == "no-binding"
