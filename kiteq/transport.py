@@ -92,5 +92,6 @@ class FramedStream:
                 frames = self.decoder.feed(data)
                 if frames:
                     await on_frames(frames)
+                self.decoder.check()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return

@@ -83,7 +83,10 @@ class FrameDecoder:
     costs O(bytes received), never O(n^2).
 
     After a framing error (oversized or negative length, unknown cmd) the decoder
-    stays broken: every later call raises the same ProtocolError.
+    stays broken: every later call raises the same ProtocolError. Frames completed
+    before the bad header in the same `feed` are still returned (so an auth reply
+    or an ack owed for them can be sent); the error is raised by `check()` and by
+    the next `feed`.
     """
 
     def __init__(self, max_body: int = DEFAULT_MAX_BODY) -> None:
@@ -114,9 +117,17 @@ class FrameDecoder:
                     break
                 frames.append(Frame(opaque, Cmd(cmd), bytes(buffer[offset + HEADER_SIZE : frame_end])))
                 offset = frame_end
+        except ProtocolError:
+            if not frames:
+                raise
         finally:
             del buffer[:offset]
         return frames
+
+    def check(self) -> None:
+        """Raise the framing error met so far, if any."""
+        if self._error is not None:
+            raise self._error
 
     def _check_header(self, opaque: int, cmd: int, body_len: int) -> None:
         if body_len < 0:

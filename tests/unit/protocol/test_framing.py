@@ -79,6 +79,17 @@ def test_oversized_length_is_a_protocol_error_and_sticks() -> None:
         decoder.feed(encode_frame(1, Cmd.HEARTBEAT, SAMPLES[Cmd.HEARTBEAT]))
 
 
+def test_frames_before_a_bad_header_are_returned_then_the_error_is_raised() -> None:
+    decoder = FrameDecoder()
+    good = encode_frame(3, Cmd.HEARTBEAT, SAMPLES[Cmd.HEARTBEAT])
+    bad = bytes.fromhex("00000004" "7f" "0000" "0000000000000000" "00000000")
+    assert [f.opaque for f in decoder.feed(good + bad)] == [3]
+    with pytest.raises(ProtocolError, match="unknown command"):
+        decoder.check()
+    with pytest.raises(ProtocolError):
+        decoder.feed(good)
+
+
 def test_negative_length_and_unknown_command() -> None:
     negative = bytes.fromhex("00000001" "01" "0000" "0000000000000000" "ffffffff")
     with pytest.raises(ProtocolError, match="negative"):
@@ -109,6 +120,7 @@ def test_random_bytes_give_frames_or_protocol_error(data: bytes, cuts: list[int]
                     decode_body(frame)
                 except ProtocolError as exc:
                     assert exc.recoverable
+            decoder.check()
             offset += size
     except ProtocolError as exc:
         assert not exc.recoverable
