@@ -88,7 +88,9 @@ class FileRegistry(Registry):
         try:
             tree = json.loads(raw)
         except ValueError as exc:
-            raise RegistryError(f"registry file {self.path} is not valid JSON ({exc}); fix or remove it") from None
+            raise RegistryError(
+                f"registry file {self.path} is not valid JSON ({exc}); fix or remove it"
+            ) from None
         if not isinstance(tree, dict):
             raise RegistryError(f"registry file {self.path} must hold a JSON object; fix or remove it")
         base = _empty_tree()
@@ -171,7 +173,11 @@ class FileRegistry(Registry):
         def change(tree: Tree) -> int:
             groups = tree["bindings"].get(topic, {})
             current = groups.get(group, [])
-            kept = [item for item in current if message_type is not None and item.get("messageType") != message_type]
+            kept = [
+                item
+                for item in current
+                if message_type is not None and item.get("messageType") != message_type
+            ]
             if kept:
                 groups[group] = kept
             else:
@@ -201,8 +207,12 @@ class FileRegistry(Registry):
     ) -> None:
         await self._watch(lambda tree: list(tree["servers"].get(topic, [])), on_change, task_status)
 
-    async def _watch(self, select: Callable[[Tree], Any], on_change: Callable[[Any], None],
-                     task_status: trio.TaskStatus[None]) -> None:
+    async def _watch(
+        self,
+        select: Callable[[Tree], Any],
+        on_change: Callable[[Any], None],
+        task_status: trio.TaskStatus[None],
+    ) -> None:
         last = select(await self._snapshot())
         on_change(last)
         task_status.started()

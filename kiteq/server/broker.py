@@ -106,7 +106,7 @@ class Broker:
         from kiteq.server.admin import serve_admin
 
         bound = await nursery.start(serve_admin, self)
-        self.admin_address = bound[0] if bound else self.config.server.admin_bind
+        self.admin_address = bound[0].removeprefix("http://") if bound else self.config.server.admin_bind
 
     def stop(self) -> None:
         self._cancel.cancel()

@@ -55,18 +55,16 @@ class GroupTable:
         return {group: len(peers) for group, peers in self._groups.items()}
 
     def pick(self, group: str, now: float) -> Peer | None:
-        """The live connection with the lowest in-flight count per unit of weight.
+        """The least-loaded live connection among those eligible this time.
 
-        A connection at weight w looks (1/w) times as loaded as it is, so while warming
-        up it receives about w of a full peer's share. Ties are broken at random so
-        equal peers share evenly.
+        A warming-up connection is eligible with probability equal to its weight (as
+        KiteQ's warm-up filter does), so it receives roughly that fraction of a full
+        peer's share; if no connection is eligible, all live ones are. Ties between
+        equally loaded peers are broken at random so they share evenly.
         """
-        best: Peer | None = None
-        best_load = 0.0
-        for peer in self._groups.get(group, ()):
-            if not peer.alive:
-                continue
-            load = (peer.inflight + 1) / warmup_weight(peer, now)
-            if best is None or load < best_load or (load == best_load and self._rng.random() < 0.5):
-                best, best_load = peer, load
-        return best
+        live = [p for p in self._groups.get(group, ()) if p.alive]
+        if not live:
+            return None
+        eligible = [p for p in live if self._rng.random() < warmup_weight(p, now)] or live
+        least = min(p.inflight for p in eligible)
+        return self._rng.choice([p for p in eligible if p.inflight == least])
