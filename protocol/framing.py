@@ -27,7 +27,7 @@ HEADER_SIZE = HEADER.size  # 19
 # anything larger on both ends, so its clients never send more.
 DEFAULT_MAX_BODY = 2 * 1024 * 1024
 
-_KNOWN_CMDS = frozenset(int(c) for c in Cmd)
+_CMDS = {int(c): c for c in Cmd}
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +115,7 @@ class FrameDecoder:
                 frame_end = offset + HEADER_SIZE + body_len
                 if frame_end > end:
                     break
-                frames.append(Frame(opaque, Cmd(cmd), bytes(buffer[offset + HEADER_SIZE : frame_end])))
+                frames.append(Frame(opaque, _CMDS[cmd], bytes(buffer[offset + HEADER_SIZE : frame_end])))
                 offset = frame_end
         except ProtocolError:
             if not frames:
@@ -134,7 +134,7 @@ class FrameDecoder:
             self._fail(f"negative body length {body_len}", opaque)
         if body_len > self.max_body:
             self._fail(f"body length {body_len} exceeds the limit of {self.max_body} bytes", opaque)
-        if cmd not in _KNOWN_CMDS:
+        if cmd not in _CMDS:
             self._fail(f"unknown command 0x{cmd:02x}", opaque)
 
     def _fail(self, reason: str, opaque: int) -> None:

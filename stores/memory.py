@@ -6,7 +6,7 @@ The broker logs a warning when it runs on this store.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import heapq
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -31,12 +31,12 @@ class MemoryStore(MessageStore):
     async def save(self, entity: MessageEntity) -> bool:
         if entity.message_id in self._messages:
             return False
-        self._messages[entity.message_id] = dataclasses.replace(entity)
+        self._messages[entity.message_id] = copy.copy(entity)
         return True
 
     async def get(self, message_id: str) -> MessageEntity | None:
         entity = self._messages.get(message_id)
-        return dataclasses.replace(entity) if entity is not None else None
+        return copy.copy(entity) if entity is not None else None
 
     async def commit(self, message_id: str) -> bool:
         entity = self._messages.get(message_id)
@@ -116,7 +116,7 @@ class MemoryStore(MessageStore):
         matches = (e for e in self._messages.values() if e.message_id > start and wanted(e))
         items = heapq.nsmallest(limit + 1, matches, key=lambda e: e.message_id)
         more = len(items) > limit
-        items = [dataclasses.replace(e) for e in items[:limit]]
+        items = [copy.copy(e) for e in items[:limit]]
         return Page(items, items[-1].message_id if more else None)
 
     async def stats(self) -> StoreStats:

@@ -123,7 +123,7 @@ def _name(kind: str, value: str) -> str:
 class _Wakeup:
     """A level-triggered wake-up for one watcher, set from any thread.
 
-    `notify` is the kazoo watch callback: it only schedules `_set` on the Trio
+    `notify` is the kazoo watch callback: it only schedules `set` on the Trio
     thread (never blocks kazoo). The same bound method is passed to every read,
     so kazoo keeps one callback per path however often the watcher re-reads.
     """

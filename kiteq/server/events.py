@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import logging
+
 import structlog
 
 from kiteq.delivery_log import DeliveryLog
@@ -21,13 +23,14 @@ class Events:
         self.delivery_log = delivery_log
         # (event, topic, group) -> count; group is "" for events without one.
         self.counts: Counter[tuple[str, str, str]] = Counter()
+        self.debug = log.is_enabled_for(logging.DEBUG)
 
     def emit(self, event: str, entity: MessageEntity, **fields: object) -> None:
-        group = str(fields.get("group", ""))
-        self.counts[(event, entity.topic, group)] += 1
+        self.counts[(event, entity.topic, fields.get("group", ""))] += 1  # type: ignore[index]
         if self.delivery_log is not None:
             self.delivery_log.emit(event, entity, **fields)
-        log.debug(f"message.{event}", message_id=entity.message_id, topic=entity.topic, **fields)
+        if self.debug:
+            log.debug(f"message.{event}", message_id=entity.message_id, topic=entity.topic, **fields)
 
     def total(self, event: str) -> int:
         return sum(n for (name, _, _), n in self.counts.items() if name == event)

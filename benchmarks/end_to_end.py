@@ -1,0 +1,117 @@
+"""End to end: kiteq-server in its own process, 1 producer -> 1 group of 2 consumers.
+
+Bodies are 1 KiB and carry their send time, so the consumer measures send->listener
+latency. Throughput: the producer keeps `window` sends in flight; the figure is
+messages acked by the group per second. Latency at half load: sends paced at half
+the measured throughput.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from benchmarks.harness import Figure, percentile
+from kiteq import Binding, Consumer, Message, MessageListener, Producer
+from kiteq.logging import configure_logging
+from tests.services.ports import free_port, stop_process, wait_for_port
+
+STORES = {"memory": "memory://", "file-batch": "file://{dir}/store?fsync=batch"}
+WINDOW = 256
+
+
+class Clock(MessageListener):
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.seen: set[str] = set()
+        self.done = trio.Event()
+        self.expected = 0
+
+    async def on_message(self, message: Message) -> bool:
+        sent = struct.unpack_from(">d", message.body)[0]  # type: ignore[arg-type]
+        self.latencies.append((time.time() - sent) * 1000)
+        self.seen.add(message.message_id)
+        if len(self.seen) >= self.expected:
+            self.done.set()
+        return True
+
+
+def body() -> bytes:
+    return struct.pack(">d", time.time()) + b"x" * 1016
+
+
+async def _drive(registry: str, count: int, rate: float | None) -> tuple[float, list[float]]:
+    clock = Clock()
+    clock.expected = count
+    binding = [Binding.direct("bench", "e2e", watermark=2000)]
+    async with Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512), \
+            Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512), \
+            Producer(registry, group="source", topics=["bench"], send_timeout=30) as producer:
+        await trio.sleep(1.0)
+        started = time.perf_counter()
+        limiter = trio.CapacityLimiter(WINDOW)
+
+        async def send_one() -> None:
+            async with limiter:
+                await producer.send(Message("bench", "e2e", body()))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(count):
+                if rate is not None:
+                    delay = started + i / rate - time.perf_counter()
+                    if delay > 0:
+                        await trio.sleep(delay)
+                await limiter.acquire()
+                limiter.release()
+                nursery.start_soon(send_one)
+        with trio.fail_after(120):
+            await clock.done.wait()
+        elapsed = time.perf_counter() - started
+    return count / elapsed, clock.latencies
+
+
+def _measure(store: str, count: int, rate: float | None) -> tuple[float, list[float]]:
+    workdir = Path(tempfile.mkdtemp(prefix="kiteq-bench-"))
+    registry = f"file://{workdir}/registry.json?poll=0.1"
+    port = free_port()
+    command = [sys.executable, "-m", "kiteq.cli.server", "--bind", f"127.0.0.1:{port}", "--admin-bind", "",
+               "--store", store.format(dir=workdir), "--registry", registry, "--log-level", "warning"]
+    proc = subprocess.Popen(command, cwd=workdir, env={**os.environ})
+    try:
+        wait_for_port(port)
+        return trio.run(_drive, registry, count, rate)
+    finally:
+        stop_process(proc)
+
+
+def run(quick: bool) -> list[Figure]:
+    configure_logging("warning")
+    count = 5_000 if quick else 50_000
+    figures = []
+    for name, store in STORES.items():
+        throughputs, latencies = [], []
+        for _ in range(1 if quick else 3):
+            rate, lat = _measure(store, count, None)
+            throughputs.append(rate)
+            latencies.append(lat)
+        best = sorted(throughputs)[len(throughputs) // 2]
+        params = {"store": name, "messages": count, "body": 1024, "window": WINDOW, "consumers": 2}
+        figures.append(Figure("end_to_end", f"throughput ({name})", best, "msgs/s", params, throughputs))
+        all_lat = [x for run_lat in latencies for x in run_lat]
+        figures.append(Figure("end_to_end", f"latency p50 at full load ({name})", percentile(all_lat, 50), "ms", params))
+        figures.append(Figure("end_to_end", f"latency p99 at full load ({name})", percentile(all_lat, 99), "ms", params))
+        half = best / 2
+        _, half_lat = _measure(store, min(count, int(half * 10)), half)
+        half_params = {**params, "offered_rate": round(half)}
+        figures.append(Figure("end_to_end", f"latency p50 at half load ({name})", percentile(half_lat, 50), "ms",
+                              half_params))
+        figures.append(Figure("end_to_end", f"latency p99 at half load ({name})", percentile(half_lat, 99), "ms",
+                              half_params))
+    return figures
