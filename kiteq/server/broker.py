@@ -40,6 +40,8 @@ log = structlog.get_logger(__name__)
 
 STORE_TIMEOUT = 10.0
 EXPIRY_TICK = 0.1
+SHUTDOWN_GRACE = 10.0
+ACCEPT_RETRY = 0.1
 
 
 class Broker:
@@ -66,39 +68,75 @@ class Broker:
         self.served_topics: tuple[str, ...] = ()
         self._auth_failures: dict[str, TokenBucket] = {}
         self._nursery: trio.Nursery | None = None
-        self._cancel = trio.CancelScope()
+        self._stop_requested = trio.Event()
+        self._accepting = trio.CancelScope()
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until cancelled or `stop()`; `task_status.started(address)` once listening."""
+        """Serve until `stop()`; `task_status.started(address)` once listening.
+
+        Stopping is graceful: no new connections, queued deliveries are handed back
+        to the store, deliveries in flight get up to SHUTDOWN_GRACE seconds to be
+        answered and recorded, then every task ends and the store is closed (flushed).
+        Nothing acked is lost: an ack is only ever sent after the save returned.
+        """
         host, _, port = self.config.server.bind.rpartition(":")
         if not self.config.auth:
             log.warning("broker.auth_open", detail="no [auth] table: any group and secret is accepted")
         if not self.store.durable:
             log.warning("broker.store_not_durable", store=self.store.uri,
                         detail="messages are lost when the broker stops")
-        with self._cancel:
-            async with self.store, self.registry, trio.open_nursery() as nursery:
-                self._nursery = nursery
-                listeners = await trio.open_tcp_listeners(int(port), host=host)
-                bound = listeners[0].socket.getsockname()
-                self.address = f"{host}:{bound[1]}"
-                if self.events.delivery_log is not None:
-                    self.events.delivery_log.broker = self.address
-                await nursery.start(self.dispatcher.run)
-                await nursery.start(self.registry.watch_bindings, self._on_bindings)
-                await self._register()
-                nursery.start_soon(self.recover.run)
-                nursery.start_soon(self.backscan.run)
-                nursery.start_soon(self._expire_requests)
-                if self.events.delivery_log is not None:
-                    nursery.start_soon(self.events.delivery_log.run)
-                await self._start_admin(nursery)
-                nursery.start_soon(trio.serve_listeners, self._accept, listeners)
-                log.info("broker.started", address=self.address, store=self.store.uri, registry=self.registry.uri)
-                task_status.started(self.address)
+        async with self.store, self.registry, trio.open_nursery() as nursery:
+            self._nursery = nursery
+            listeners = await trio.open_tcp_listeners(int(port), host=host)
+            bound = listeners[0].socket.getsockname()
+            self.address = f"{host}:{bound[1]}"
+            if self.events.delivery_log is not None:
+                self.events.delivery_log.broker = self.address
+            await nursery.start(self.dispatcher.run)
+            await nursery.start(self.registry.watch_bindings, self._on_bindings)
+            await self._register()
+            nursery.start_soon(self.recover.run)
+            nursery.start_soon(self.backscan.run)
+            nursery.start_soon(self._expire_requests)
+            if self.events.delivery_log is not None:
+                nursery.start_soon(self.events.delivery_log.run)
+            await self._start_admin(nursery)
+            for listener in listeners:
+                nursery.start_soon(self._listen, listener)
+            log.info("broker.started", address=self.address, store=self.store.uri, registry=self.registry.uri)
+            task_status.started(self.address)
+            await self._stop_requested.wait()
+            await self._shut_down(nursery, listeners)
+        log.info("broker.stopped", address=self.address)
+
+    def stop(self) -> None:
+        """Ask `run` to shut down gracefully (safe to call more than once)."""
+        self._stop_requested.set()
+
+    async def _shut_down(self, nursery: trio.Nursery, listeners: list[trio.SocketListener]) -> None:
+        log.info("broker.stopping", inflight=len(self.dispatcher.rounds))
+        self._accepting.cancel()
+        for listener in listeners:
+            await listener.aclose()
         await self._unregister()
+        self.dispatcher.drain()
+        with trio.move_on_after(SHUTDOWN_GRACE):
+            await self.dispatcher.drained()
+        nursery.cancel_scope.cancel()
+
+    async def _listen(self, listener: trio.SocketListener) -> None:
+        with self._accepting:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:  # e.g. out of file descriptors: keep serving the others
+                    log.warning("broker.accept_failed", error=str(exc))
+                    await trio.sleep(ACCEPT_RETRY)
+                    continue
+                assert self._nursery is not None
+                self._nursery.start_soon(self._accept, stream)
 
     async def _start_admin(self, nursery: trio.Nursery) -> None:
         if not self.config.server.admin_bind:
@@ -108,9 +146,6 @@ class Broker:
         bound = await nursery.start(serve_admin, self)
         self.admin_address = bound[0].removeprefix("http://") if bound else self.config.server.admin_bind
 
-    def stop(self) -> None:
-        self._cancel.cancel()
-
     async def _register(self) -> None:
         topics = tuple(sorted(set(self.config.server.topics) | set(self.router.topics)))
         if topics != self.served_topics:
@@ -118,8 +153,7 @@ class Broker:
             await self.registry.register_server(self.address, topics)
 
     async def _unregister(self) -> None:
-        with trio.move_on_after(5) as scope:
-            scope.shield = True
+        with trio.move_on_after(5):
             try:
                 await self.registry.unregister_server(self.address)
             except Exception as exc:  # noqa: BLE001 - best effort on the way out

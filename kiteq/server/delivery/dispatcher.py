@@ -44,6 +44,8 @@ class Dispatcher:
         self.on_capacity: Callable[[], None] = lambda: None
         self._nursery: trio.Nursery | None = None
         self._completed_send, self._completed_receive = trio.open_memory_channel[Round](math.inf)
+        self.draining = False
+        self._idle = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -78,7 +80,7 @@ class Dispatcher:
 
         A message already in a round is left alone: it is on its way.
         """
-        if entity.message_id in self.rounds:
+        if self.draining or entity.message_id in self.rounds:
             return False
         bindings = self.router.route(entity.topic, entity.message_type)
         owed = [b for b in bindings if b.group not in entity.succ_groups]
@@ -114,7 +116,7 @@ class Dispatcher:
         """Send the lane's deliveries, never more than its watermark unacked at once."""
         async for delivery in lane.receive:
             await lane.limiter.acquire_on_behalf_of(delivery)
-            peer = self.groups.pick(lane.group, time.time())
+            peer = None if self.draining or lane.closed else self.groups.pick(lane.group, time.time())
             if peer is None:
                 lane.limiter.release_on_behalf_of(delivery)
                 self._give_back(delivery)
@@ -122,14 +124,12 @@ class Dispatcher:
             peer.deliver(delivery, self.config.deliver_timeout)  # type: ignore[attr-defined]
             self.events.emit("delivered", delivery.round.entity, group=lane.group,
                              attempt=delivery.round.entity.deliver_count + 1)
-        for delivery in _drain(lane):
-            self._give_back(delivery)
 
     def _give_back(self, delivery: Delivery) -> None:
-        """A queued delivery that was never sent (group went offline, binding removed)."""
+        """A queued delivery that was never sent (group offline, binding removed, shutting down)."""
         round_ = delivery.round
         round_.pending.discard(delivery.group)
-        if delivery.lane.binding.persistent:
+        if delivery.lane.binding.persistent or self.draining:
             round_.deferred = True
         else:
             self._unreachable(round_, delivery.lane.binding)
@@ -169,6 +169,20 @@ class Dispatcher:
                 log.warning("delivery.record_failed", message_id=round_.message_id, error=str(exc))
             finally:
                 self.rounds.pop(round_.message_id, None)
+                if not self.rounds:
+                    self._idle.set()
+                    self._idle = trio.Event()
+
+    def drain(self) -> None:
+        """Stop sending: queued deliveries go back to the store; in-flight ones may still finish."""
+        self.draining = True
+        for lane in self.lanes.values():
+            lane.close()
+
+    async def drained(self) -> None:
+        """Return once no round is in flight (every outcome recorded)."""
+        while self.rounds:
+            await self._idle.wait()
 
     async def _record(self, round_: Round, outcome: Outcome) -> None:
         entity = round_.entity
@@ -207,11 +221,3 @@ class Dispatcher:
             for lane in self.lanes.values()
         ]
 
-
-def _drain(lane: Lane) -> list[Delivery]:
-    drained = []
-    while True:
-        try:
-            drained.append(lane.receive.receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-            return drained

@@ -44,6 +44,7 @@ class Lane:
     capacity: int
     limiter: trio.CapacityLimiter = field(init=False)
     starved: bool = False
+    closed: bool = False
 
     def __post_init__(self) -> None:
         self.limiter = trio.CapacityLimiter(self.binding.watermark)
@@ -76,4 +77,6 @@ class Lane:
         self.limiter.total_tokens = binding.watermark
 
     def close(self) -> None:
+        """No more offers; what is queued is given back by the pump, not sent."""
+        self.closed = True
         self._send.close()
