@@ -47,7 +47,11 @@ def test_fanout_matches_everything_of_its_topic() -> None:
     ("a", "b", "conflict"),
     [
         (Binding.direct("t", "x", group="g"), Binding.direct("t", "y", group="g"), False),
-        (Binding.direct("t", "x", group="g"), Binding.direct("t", "x", group="g", watermark=5), False),  # same key
+        (
+            Binding.direct("t", "x", group="g"),
+            Binding.direct("t", "x", group="g", watermark=5),
+            False,
+        ),  # same key
         (Binding.direct("t", "x", group="g"), Binding.direct("t", "x", group="h"), False),  # other group
         (Binding.direct("t", "x", group="g"), Binding.direct("u", "x", group="g"), False),  # other topic
         (Binding.regex("t", "a.*", group="g"), Binding.regex("t", "b.*", group="g"), True),  # both regex
@@ -106,6 +110,11 @@ def test_decoding_tolerates_kiteqs_sparse_nodes_and_refuses_garbage() -> None:
     assert decode_bindings(b"") == [] and decode_bindings(b"  ") == []
     sparse = decode_bindings(json.dumps([{"groupId": "g", "topic": "t", "messageType": "x"}]).encode())
     assert sparse == [Binding.direct("t", "x", group="g")]  # defaults: direct, 1000, persistent
-    for garbage in (b"{", b'{"groupId": "g"}', b'[{"topic": "t"}]', b'[{"groupId":"g","topic":"t","bindType":7}]'):
+    for garbage in (
+        b"{",
+        b'{"groupId": "g"}',
+        b'[{"topic": "t"}]',
+        b'[{"groupId":"g","topic":"t","bindType":7}]',
+    ):
         with pytest.raises(BindingError):
             decode_bindings(garbage)

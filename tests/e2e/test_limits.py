@@ -1,0 +1,120 @@
+"""Limits answer bad peers with clear errors and keep the broker serving everyone else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import structlog
+import trio
+
+from kiteq import Message, Producer, SendError
+from protocol import Cmd, encode_frame, pb
+from protocol.framing import HEADER
+from tests.helpers import registry_uri, running_broker
+
+
+async def read_all(stream: trio.SocketStream, timeout: float = 5.0) -> bytes:
+    data = b""
+    with trio.fail_after(timeout):
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    return data
+
+
+async def connect(address: str, group: str = "g", secret: str = "") -> trio.SocketStream:
+    host, _, port = address.rpartition(":")
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(encode_frame(1, Cmd.CONN_META, pb.ConnMeta(groupId=group, secretKey=secret)))
+    return stream
+
+
+async def test_oversized_frame_closes_the_connection(tmp_path: Path) -> None:
+    async with running_broker(tmp_path, server={"max_frame_bytes": 4096}) as broker:
+        stream = await connect(broker.address)
+        await stream.send_all(HEADER.pack(2, Cmd.BYTES_MESSAGE, 0, 0, 4097))
+        data = await read_all(stream)
+        assert len(data) > 0, "the auth ack came back before the broker closed the stream"
+        assert not broker.connections or all(c.framed.closed for c in broker.connections)
+
+
+async def test_body_over_the_limit_is_refused_by_the_client_path(tmp_path: Path) -> None:
+    registry = registry_uri(tmp_path)
+    async with running_broker(tmp_path, server={"max_frame_bytes": 4096, "topics": ["t"]}), \
+            Producer(registry, group="p", topics=["t"], send_timeout=2) as producer:
+        with pytest.raises(SendError):
+            await producer.send(Message("t", "x", b"x" * 8192))
+
+
+async def test_long_header_fields_are_refused_with_a_reason(tmp_path: Path) -> None:
+    registry = registry_uri(tmp_path)
+    async with running_broker(tmp_path, server={"topics": ["t"]}), \
+            Producer(registry, group="p", topics=["t"]) as producer:
+        with pytest.raises(SendError, match="messageType is longer than 255"):
+            await producer.send(Message("t", "x" * 300, b""))
+        with pytest.raises(SendError, match="more than 64 properties"):
+            await producer.send(Message("t", "x", b"", properties={str(i): "v" for i in range(65)}))
+
+
+async def test_max_connections(tmp_path: Path) -> None:
+    async with running_broker(tmp_path, server={"max_connections": 2}) as broker:
+        first, second = await connect(broker.address), await connect(broker.address)
+        await trio.sleep(0.2)
+        third = await connect(broker.address)
+        assert await read_all(third) == b"", "the third connection is closed at once"
+        await first.send_all(encode_frame(5, Cmd.HEARTBEAT, pb.HeartBeat(version=1)))
+        with trio.fail_after(5):
+            assert await first.receive_some(4096)
+        for stream in (first, second, third):
+            await stream.aclose()
+
+
+async def test_idle_connection_is_closed(tmp_path: Path) -> None:
+    async with running_broker(tmp_path, server={"idle_timeout": 0.5, "handshake_timeout": 0.5}) as broker:
+        silent = await connect(broker.address)
+        data = await read_all(silent, timeout=5)
+        assert data, "auth ack, then closed for idleness"
+        host, _, port = broker.address.rpartition(":")
+        mute = await trio.open_tcp_stream(host, int(port))
+        assert await read_all(mute, timeout=5) == b"", "no handshake within the timeout: closed"
+
+
+async def test_inflight_requests_per_connection_are_bounded(tmp_path: Path) -> None:
+    async with running_broker(tmp_path, server={"max_inflight_per_connection": 4}) as broker:
+        stream = await connect(broker.address)
+        header = pb.Header(messageId="", topic="t", messageType="x", expiredTime=-1, deliverLimit=100, groupId="g",
+                           commit=True, fly=False)
+        frames = []
+        for i in range(50):
+            header.messageId = f"{i:032x}"
+            frames.append(encode_frame(100 + i, Cmd.BYTES_MESSAGE, pb.BytesMessage(header=header, body=b"b")))
+        await stream.send_all(b"".join(frames))
+        acks = 0
+        buffer = b""
+        with trio.fail_after(10):
+            while acks < 51:
+                buffer += await stream.receive_some(65536)
+                while len(buffer) >= 19:
+                    length = int.from_bytes(buffer[15:19], "big")
+                    if len(buffer) < 19 + length:
+                        break
+                    buffer = buffer[19 + length :]
+                    acks += 1
+        assert (await broker.store.stats()).messages == 50, "all were stored, four at a time"
+        await stream.aclose()
+
+
+async def test_auth_failures_are_rate_limited_and_never_log_the_secret(tmp_path: Path) -> None:
+    async with running_broker(tmp_path, auth={"pay": "correct-horse"}) as broker:
+        with structlog.testing.capture_logs() as logs:
+            answers = []
+            for _ in range(14):
+                stream = await connect(broker.address, "pay", "battery-staple")
+                data = await read_all(stream)
+                ack = pb.ConnAuthAck()
+                ack.ParseFromString(data[19:])
+                answers.append(ack.feedback)
+        assert "authentication failed" in answers[0]
+        assert any("too many failed authentications" in a for a in answers[10:])
+        assert all("battery-staple" not in str(entry) for entry in logs)
+        assert any(entry["event"] == "auth.rate_limited" for entry in logs)
