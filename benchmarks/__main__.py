@@ -19,7 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer messages and repeats (a smoke run)")
     parser.add_argument("--only", nargs="*", choices=SUITES, help="run only these suites")
-    parser.add_argument("--out", type=Path, help="JSON file to write (default benchmarks/results/<time>.json)")
+    parser.add_argument(
+        "--out", type=Path, help="JSON file to write (default benchmarks/results/<time>.json)"
+    )
     args = parser.parse_args(argv)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or Path("benchmarks/results") / f"bench-{stamp}.json"
@@ -30,9 +32,15 @@ def main(argv: list[str] | None = None) -> int:
             figures.append(figure.to_json())
             print(f"{figure.suite:12} {figure.name:48} {figure.value:>14,.1f} {figure.unit}  {figure.params}")
     result = {
-        "command": " ".join([sys.executable, "-m", "benchmarks", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(
+            [sys.executable, "-m", "benchmarks", *(argv if argv is not None else sys.argv[1:])]
+        ),
         "time": stamp,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
         "figures": figures,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,16 @@ from protocol import Cmd, FrameDecoder, decode_body, encode_frame, pb
 
 
 def _sample() -> pb.BytesMessage:
-    header = pb.Header(messageId="0123456789abcdef0123456789abcdef", topic="trade", messageType="pay-succ",
-                       expiredTime=-1, deliverLimit=100, groupId="order-svc", commit=True, fly=False)
+    header = pb.Header(
+        messageId="0123456789abcdef0123456789abcdef",
+        topic="trade",
+        messageType="pay-succ",
+        expiredTime=-1,
+        deliverLimit=100,
+        groupId="order-svc",
+        commit=True,
+        fly=False,
+    )
     return pb.BytesMessage(header=header, body=b"x" * 1024)
 
 

@@ -51,9 +51,11 @@ async def _drive(registry: str, count: int, rate: float | None) -> tuple[float, 
     clock = Clock()
     clock.expected = count
     binding = [Binding.direct("bench", "e2e", watermark=2000)]
-    async with Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512), \
-            Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512), \
-            Producer(registry, group="source", topics=["bench"], send_timeout=30) as producer:
+    async with (
+        Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512),
+        Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512),
+        Producer(registry, group="source", topics=["bench"], send_timeout=30) as producer,
+    ):
         await trio.sleep(1.0)
         started = time.perf_counter()
         limiter = trio.CapacityLimiter(WINDOW)
@@ -81,8 +83,21 @@ def _measure(store: str, count: int, rate: float | None) -> tuple[float, list[fl
     workdir = Path(tempfile.mkdtemp(prefix="kiteq-bench-"))
     registry = f"file://{workdir}/registry.json?poll=0.1"
     port = free_port()
-    command = [sys.executable, "-m", "kiteq.cli.server", "--bind", f"127.0.0.1:{port}", "--admin-bind", "",
-               "--store", store.format(dir=workdir), "--registry", registry, "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "kiteq.cli.server",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--admin-bind",
+        "",
+        "--store",
+        store.format(dir=workdir),
+        "--registry",
+        registry,
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(command, cwd=workdir, env={**os.environ})
     try:
         wait_for_port(port)
@@ -105,13 +120,31 @@ def run(quick: bool) -> list[Figure]:
         params = {"store": name, "messages": count, "body": 1024, "window": WINDOW, "consumers": 2}
         figures.append(Figure("end_to_end", f"throughput ({name})", best, "msgs/s", params, throughputs))
         all_lat = [x for run_lat in latencies for x in run_lat]
-        figures.append(Figure("end_to_end", f"latency p50 at full load ({name})", percentile(all_lat, 50), "ms", params))
-        figures.append(Figure("end_to_end", f"latency p99 at full load ({name})", percentile(all_lat, 99), "ms", params))
+        figures.append(
+            Figure("end_to_end", f"latency p50 at full load ({name})", percentile(all_lat, 50), "ms", params)
+        )
+        figures.append(
+            Figure("end_to_end", f"latency p99 at full load ({name})", percentile(all_lat, 99), "ms", params)
+        )
         half = best / 2
         _, half_lat = _measure(store, min(count, int(half * 10)), half)
         half_params = {**params, "offered_rate": round(half)}
-        figures.append(Figure("end_to_end", f"latency p50 at half load ({name})", percentile(half_lat, 50), "ms",
-                              half_params))
-        figures.append(Figure("end_to_end", f"latency p99 at half load ({name})", percentile(half_lat, 99), "ms",
-                              half_params))
+        figures.append(
+            Figure(
+                "end_to_end",
+                f"latency p50 at half load ({name})",
+                percentile(half_lat, 50),
+                "ms",
+                half_params,
+            )
+        )
+        figures.append(
+            Figure(
+                "end_to_end",
+                f"latency p99 at half load ({name})",
+                percentile(half_lat, 99),
+                "ms",
+                half_params,
+            )
+        )
     return figures

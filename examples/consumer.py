@@ -1,11 +1,12 @@
 """Consume `trade/pay-succ` messages from the broker started by `make run`.
 
-    .venv/bin/python examples/consumer.py            # Ctrl-C to stop
+.venv/bin/python examples/consumer.py            # Ctrl-C to stop
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import trio
 
@@ -15,8 +16,11 @@ from kiteq.logging import configure_logging
 
 class PrintingListener(MessageListener):
     async def on_message(self, message: Message) -> bool:
-        print(f"received {message.message_id} {message.topic}/{message.message_type} "
-              f"delivery #{message.deliver_count}: {message.body!r}", flush=True)
+        print(
+            f"received {message.message_id} {message.topic}/{message.message_type} "
+            f"delivery #{message.deliver_count}: {message.body!r}",
+            flush=True,
+        )
         return True  # ack; False (or an exception) asks the broker to deliver it again later
 
 
@@ -33,7 +37,5 @@ if __name__ == "__main__":
     parser.add_argument("--group", default="sms-svc")
     args = parser.parse_args()
     configure_logging("warning")
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         trio.run(main, args.registry, args.group)
-    except KeyboardInterrupt:
-        pass

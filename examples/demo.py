@@ -1,6 +1,6 @@
 """Broker, consumer and producer in one process: the whole path in a few seconds.
 
-    .venv/bin/python examples/demo.py
+.venv/bin/python examples/demo.py
 """
 
 from __future__ import annotations
@@ -30,8 +30,17 @@ class Collector(MessageListener):
 async def main() -> None:
     workdir = tempfile.mkdtemp(prefix="kiteq-demo-")
     registry = f"file://{workdir}/registry.json?poll=0.1"
-    config = load_config(None, {"server": {"bind": "127.0.0.1:0", "admin_bind": "", "registry": registry,
-                                           "store": f"file://{workdir}/store"}})
+    config = load_config(
+        None,
+        {
+            "server": {
+                "bind": "127.0.0.1:0",
+                "admin_bind": "",
+                "registry": registry,
+                "store": f"file://{workdir}/store",
+            }
+        },
+    )
     broker = Broker(config)
     collector = Collector()
     async with trio.open_nursery() as nursery:

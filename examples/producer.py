@@ -1,6 +1,6 @@
 """Send a few `trade/pay-succ` messages to the broker started by `make run`.
 
-    .venv/bin/python examples/producer.py --count 10
+.venv/bin/python examples/producer.py --count 10
 """
 
 from __future__ import annotations

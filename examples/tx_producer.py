@@ -32,8 +32,10 @@ class OrderTable:
         """The local transaction: insert the order with the message id, commit or roll back."""
         try:
             with self.db:
-                self.db.execute("INSERT INTO orders (id, amount, message_id) VALUES (?, ?, ?)",
-                                (order_id, amount, message_id))
+                self.db.execute(
+                    "INSERT INTO orders (id, amount, message_id) VALUES (?, ?, ?)",
+                    (order_id, amount, message_id),
+                )
                 if fail:
                     raise RuntimeError(f"payment for order {order_id} declined")
             return True
@@ -42,7 +44,9 @@ class OrderTable:
             return False
 
     def committed(self, message_id: str) -> bool:
-        return self.db.execute("SELECT 1 FROM orders WHERE message_id = ?", (message_id,)).fetchone() is not None
+        return (
+            self.db.execute("SELECT 1 FROM orders WHERE message_id = ?", (message_id,)).fetchone() is not None
+        )
 
 
 class OrderCheck(CheckMessageListener):
@@ -57,7 +61,9 @@ class OrderCheck(CheckMessageListener):
 
 async def main(registry: str, database: Path, count: int, fail_every: int) -> None:
     orders = OrderTable(database)
-    async with Producer(registry, group="order-svc", topics=["trade"], check_listener=OrderCheck(orders)) as producer:
+    async with Producer(
+        registry, group="order-svc", topics=["trade"], check_listener=OrderCheck(orders)
+    ) as producer:
         for order_id in range(1, count + 1):
             fail = fail_every > 0 and order_id % fail_every == 0
             message = Message("trade", "pay-succ", f"order {order_id} paid".encode())

@@ -1,6 +1,6 @@
 """KiteQ-py: a transactional push message bus, wire-compatible with KiteQ.
 
-    from kiteq import Message, Producer, Consumer, Binding, MessageListener, CheckMessageListener, TxStatus
+from kiteq import Message, Producer, Consumer, Binding, MessageListener, CheckMessageListener, TxStatus
 """
 
 from kiteq.client import CheckMessageListener, Consumer, Message, MessageListener, Producer, SendResult

@@ -73,7 +73,9 @@ class BrokerConfig:
         if self.server.admin_bind:
             _check_address("[server] admin_bind", self.server.admin_bind)
         if self.delivery.retry_jitter not in ("full", "none"):
-            raise ConfigError(f"[delivery] retry_jitter: use 'full' or 'none', got {self.delivery.retry_jitter!r}")
+            raise ConfigError(
+                f"[delivery] retry_jitter: use 'full' or 'none', got {self.delivery.retry_jitter!r}"
+            )
         if self.delivery.retry_base <= 0 or self.delivery.retry_max < self.delivery.retry_base:
             raise ConfigError("[delivery] retry_base/retry_max: need 0 < retry_base <= retry_max")
         if self.delivery.deliver_timeout <= 0:
@@ -130,7 +132,7 @@ def load_config(path: Path | None = None, overrides: dict[str, dict[str, Any]] |
     for section, values in data.items():
         if section == "auth":
             if not isinstance(values, dict):
-                raise ConfigError("[auth]: must be a table of group = \"secret\"")
+                raise ConfigError('[auth]: must be a table of group = "secret"')
             config.auth.update(values)
         elif section in ("server", "delivery", "tx") and isinstance(values, dict):
             _apply(getattr(config, section), values, section)

@@ -26,8 +26,16 @@ def _now_iso() -> str:
 class DeliveryLog:
     """Appends delivery events for one process (`source`: producer, broker or consumer)."""
 
-    def __init__(self, path: str | Path, source: str, *, broker: str = "", max_bytes: int = 64 * 1024 * 1024,
-                 backups: int = 5, flush_interval: float = 0.2) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        source: str,
+        *,
+        broker: str = "",
+        max_bytes: int = 64 * 1024 * 1024,
+        backups: int = 5,
+        flush_interval: float = 0.2,
+    ) -> None:
         self.path = Path(path)
         self.source = source
         self.broker = broker

@@ -26,6 +26,8 @@ def configure_logging(level: str = "info", fmt: str = "console") -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
+        # Not cached: loggers are created at import time and must follow later
+        # configuration (tests, embedding apps); the per-message path does not log.
+        cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)

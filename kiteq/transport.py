@@ -30,7 +30,9 @@ class OutboxOverflow(Exception):
 class FramedStream:
     """Frames in, frames out, over one trio stream. Owned by the caller's nursery."""
 
-    def __init__(self, stream: trio.abc.Stream, max_body: int, outbox_limit: int = DEFAULT_OUTBOX_LIMIT) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, max_body: int, outbox_limit: int = DEFAULT_OUTBOX_LIMIT
+    ) -> None:
         self.stream = stream
         self.decoder = FrameDecoder(max_body)
         self.outbox_limit = outbox_limit

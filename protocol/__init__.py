@@ -3,7 +3,15 @@
 from protocol import kiteq_pb2 as pb
 from protocol.commands import BODY_TYPES, MESSAGE_CMDS, BindType, Cmd, TxStatus
 from protocol.errors import KiteQError, ProtocolError
-from protocol.framing import DEFAULT_MAX_BODY, HEADER_SIZE, Frame, FrameDecoder, decode_body, encode_frame, encode_raw_frame
+from protocol.framing import (
+    DEFAULT_MAX_BODY,
+    HEADER_SIZE,
+    Frame,
+    FrameDecoder,
+    decode_body,
+    encode_frame,
+    encode_raw_frame,
+)
 
 __all__ = [
     "BODY_TYPES",

@@ -24,7 +24,9 @@ def open_store(uri: str, **options: object) -> MessageStore:
         from stores.mysql import MySQLStore
 
         return MySQLStore.from_uri(uri, **options)
-    raise StoreConfigError(f"unknown store URI {uri!r}: use memory://, file:///path/dir or mysql://user:pass@host:port/db")
+    raise StoreConfigError(
+        f"unknown store URI {uri!r}: use memory://, file:///path/dir or mysql://user:pass@host:port/db"
+    )
 
 
 __all__ = [

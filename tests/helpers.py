@@ -21,9 +21,19 @@ def registry_uri(tmp_path: Path) -> str:
     return f"file://{tmp_path}/registry.json?poll={FAST_POLL}"
 
 
-def broker_config(tmp_path: Path, *, store: str = "memory://", auth: dict[str, str] | None = None,
-                  **sections: dict[str, Any]):  # type: ignore[no-untyped-def]
-    server = {"bind": "127.0.0.1:0", "admin_bind": "127.0.0.1:0", "store": store, "registry": registry_uri(tmp_path)}
+def broker_config(
+    tmp_path: Path,
+    *,
+    store: str = "memory://",
+    auth: dict[str, str] | None = None,
+    **sections: dict[str, Any],
+):  # type: ignore[no-untyped-def]
+    server = {
+        "bind": "127.0.0.1:0",
+        "admin_bind": "127.0.0.1:0",
+        "store": store,
+        "registry": registry_uri(tmp_path),
+    }
     server.update(sections.pop("server", {}))
     config = load_config(None, {"server": server, **sections})
     config.auth = dict(auth or {})

@@ -43,7 +43,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, help="TOML file (see README); flags override it")
     parser.add_argument("--bind", help="host:port for clients (default 127.0.0.1:13800)")
     parser.add_argument("--admin-bind", help="host:port of the admin HTTP endpoint; '' disables it")
-    parser.add_argument("--store", help="memory:// | file://DIR[?fsync=batch] | mysql://user:pass@host:port/db")
+    parser.add_argument(
+        "--store", help="memory:// | file://DIR[?fsync=batch] | mysql://user:pass@host:port/db"
+    )
     parser.add_argument("--registry", help="file://PATH.json | zk://host:port[,host:port][/chroot]")
     parser.add_argument("--delivery-log", help="write the delivery log (JSON lines) to this path")
     parser.add_argument("--topic", dest="topics", action="append", help="serve this topic (repeatable)")

@@ -5,5 +5,12 @@ from kiteq.client.listeners import CheckMessageListener, MessageListener
 from kiteq.client.message import Message, new_message_id
 from kiteq.client.producer import Producer, SendResult
 
-__all__ = ["CheckMessageListener", "Consumer", "Message", "MessageListener", "Producer", "SendResult",
-           "new_message_id"]
+__all__ = [
+    "CheckMessageListener",
+    "Consumer",
+    "Message",
+    "MessageListener",
+    "Producer",
+    "SendResult",
+    "new_message_id",
+]

@@ -26,8 +26,14 @@ class Client:
 
     role = "client"
 
-    def __init__(self, registry: str | Registry, credentials: Credentials, topics: list[str],
-                 connect_timeout: float, delivery_log: str | None) -> None:
+    def __init__(
+        self,
+        registry: str | Registry,
+        credentials: Credentials,
+        topics: list[str],
+        connect_timeout: float,
+        delivery_log: str | None,
+    ) -> None:
         self.registry = open_registry(registry) if isinstance(registry, str) else registry
         self.credentials = credentials
         self.group = credentials.group
@@ -66,11 +72,14 @@ class Client:
             await self._started()
             await self._nursery.start(self.pool.run)
             if not await self.pool.wait_connected(self.connect_timeout):
-                log.warning(f"{self.role}.not_connected", topics=self.topics, detail="still trying in the background")
+                log.warning(
+                    f"{self.role}.not_connected", topics=self.topics, detail="still trying in the background"
+                )
             self._stack = stack.pop_all()
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self._stopping()
         self.nursery.cancel_scope.cancel()
         assert self._stack is not None

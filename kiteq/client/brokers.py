@@ -24,8 +24,13 @@ RECONNECT_MAX = 30.0
 
 
 class BrokerPool:
-    def __init__(self, registry: Registry, topics: Iterable[str], credentials: Credentials,
-                 on_request: RequestHandler | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        topics: Iterable[str],
+        credentials: Credentials,
+        on_request: RequestHandler | None = None,
+    ) -> None:
         self.registry = registry
         self.topics = sorted(set(topics))
         self.credentials = credentials
@@ -72,7 +77,9 @@ class BrokerPool:
                     self._notify()
                 except* (OSError, trio.TooSlowError, ConnectionClosed) as group:
                     error = leaf_error(group, (OSError, trio.TooSlowError, ConnectionClosed))
-                    log.info("client.connect_failed", broker=address, error=str(error) or type(error).__name__)
+                    log.info(
+                        "client.connect_failed", broker=address, error=str(error) or type(error).__name__
+                    )
                 finally:
                     if self.connections.get(address) is connection:
                         del self.connections[address]

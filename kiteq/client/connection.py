@@ -49,8 +49,13 @@ class _Waiter:
 
 
 class ClientConnection:
-    def __init__(self, address: str, credentials: Credentials, on_request: RequestHandler | None = None,
-                 max_body: int = DEFAULT_MAX_BODY) -> None:
+    def __init__(
+        self,
+        address: str,
+        credentials: Credentials,
+        on_request: RequestHandler | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+    ) -> None:
         self.address = address
         self.credentials = credentials
         self.on_request = on_request
@@ -100,8 +105,11 @@ class ClientConnection:
         scope.cancel()
 
     async def _handshake(self) -> None:
-        meta = pb.ConnMeta(groupId=self.credentials.group, secretKey=self.credentials.secret,
-                           warmingupSec=self.credentials.warmup_seconds)
+        meta = pb.ConnMeta(
+            groupId=self.credentials.group,
+            secretKey=self.credentials.secret,
+            warmingupSec=self.credentials.warmup_seconds,
+        )
         ack = await self.request(Cmd.CONN_META, meta, CONNECT_TIMEOUT)
         assert isinstance(ack, pb.ConnAuthAck)
         if not ack.status:

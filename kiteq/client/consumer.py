@@ -32,13 +32,29 @@ class Consumer(Client):
 
     role = "consumer"
 
-    def __init__(self, registry: str | Registry, *, group: str, secret: str = "", bindings: Iterable[Binding],
-                 listener: MessageListener, max_concurrency: int = 64, message_timeout: float | None = None,
-                 warmup_seconds: int = 0, connect_timeout: float = 10.0, drain_timeout: float = 30.0,
-                 delivery_log: str | None = None) -> None:
+    def __init__(
+        self,
+        registry: str | Registry,
+        *,
+        group: str,
+        secret: str = "",
+        bindings: Iterable[Binding],
+        listener: MessageListener,
+        max_concurrency: int = 64,
+        message_timeout: float | None = None,
+        warmup_seconds: int = 0,
+        connect_timeout: float = 10.0,
+        drain_timeout: float = 30.0,
+        delivery_log: str | None = None,
+    ) -> None:
         self.bindings = [b.with_group(group) for b in bindings]
-        super().__init__(registry, Credentials(group, secret, warmup_seconds), [b.topic for b in self.bindings],
-                         connect_timeout, delivery_log)
+        super().__init__(
+            registry,
+            Credentials(group, secret, warmup_seconds),
+            [b.topic for b in self.bindings],
+            connect_timeout,
+            delivery_log,
+        )
         self.listener = listener
         self.message_timeout = message_timeout
         self.drain_timeout = drain_timeout
@@ -83,13 +99,22 @@ class Consumer(Client):
                 ok = bool(await self.listener.on_message(message))
             if scope.cancelled_caught:
                 feedback = f"listener exceeded {self.message_timeout} s"
-        except Exception as exc:  # noqa: BLE001 - a failing listener is a nack, not a crash
+        except Exception as exc:
             feedback = f"listener raised {type(exc).__name__}: {exc}"
             log.warning("consumer.listener_failed", message_id=message.message_id, error=feedback)
         try:
-            connection.send(opaque, Cmd.DELIVER_ACK, pb.DeliverAck(
-                messageId=message.message_id, topic=message.topic, messageType=message.message_type,
-                groupId=message.group, status=ok, feedback=feedback or ("ok" if ok else "listener returned False")))
+            connection.send(
+                opaque,
+                Cmd.DELIVER_ACK,
+                pb.DeliverAck(
+                    messageId=message.message_id,
+                    topic=message.topic,
+                    messageType=message.message_type,
+                    groupId=message.group,
+                    status=ok,
+                    feedback=feedback or ("ok" if ok else "listener returned False"),
+                ),
+            )
             if ok:
                 self.acked += 1
                 self._log("processed", message)
@@ -106,6 +131,13 @@ class Consumer(Client):
 
     def _log(self, event: str, message: Message) -> None:
         if self.delivery_log is not None:
-            self.delivery_log.emit(event, None, message_id=message.message_id, topic=message.topic,
-                                   message_type=message.message_type, producer_group=message.group,
-                                   group=self.group, attempt=message.deliver_count)
+            self.delivery_log.emit(
+                event,
+                None,
+                message_id=message.message_id,
+                topic=message.topic,
+                message_type=message.message_type,
+                producer_group=message.group,
+                group=self.group,
+                attempt=message.deliver_count,
+            )

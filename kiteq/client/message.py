@@ -51,9 +51,16 @@ class Message:
         if self.ttl is not None:
             expired = int(time.time() + self.ttl)
         header = pb.Header(
-            messageId=self.message_id, topic=self.topic, messageType=self.message_type, expiredTime=expired,
-            deliverLimit=self.deliver_limit, groupId=self.group, commit=self.commit, fly=self.fly,
-            createTime=self.create_time or int(time.time()), snappy=self.snappy,
+            messageId=self.message_id,
+            topic=self.topic,
+            messageType=self.message_type,
+            expiredTime=expired,
+            deliverLimit=self.deliver_limit,
+            groupId=self.group,
+            commit=self.commit,
+            fly=self.fly,
+            createTime=self.create_time or int(time.time()),
+            snappy=self.snappy,
         )
         for key, value in self.properties.items():
             header.properties.add(key=key, value=value)
@@ -69,10 +76,19 @@ class Message:
         properties = {entry.key: entry.value for entry in header.properties}
         deliver_count = int(properties.pop(DELIVER_COUNT_PROPERTY, "0") or 0)
         return cls(
-            topic=header.topic, message_type=header.messageType, body=body, message_id=header.messageId,
-            properties=properties, expired_time=header.expiredTime, deliver_limit=header.deliverLimit,
-            fly=header.fly, commit=header.commit, group=header.groupId, create_time=header.createTime,
-            snappy=header.snappy, deliver_count=deliver_count,
+            topic=header.topic,
+            message_type=header.messageType,
+            body=body,
+            message_id=header.messageId,
+            properties=properties,
+            expired_time=header.expiredTime,
+            deliver_limit=header.deliverLimit,
+            fly=header.fly,
+            commit=header.commit,
+            group=header.groupId,
+            create_time=header.createTime,
+            snappy=header.snappy,
+            deliver_count=deliver_count,
         )
 
     @classmethod

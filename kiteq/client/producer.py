@@ -44,9 +44,18 @@ class Producer(Client):
 
     role = "producer"
 
-    def __init__(self, registry: str | Registry, *, group: str, secret: str = "", topics: Iterable[str],
-                 check_listener: CheckMessageListener | None = None, send_timeout: float = 3.0,
-                 connect_timeout: float = 10.0, delivery_log: str | None = None) -> None:
+    def __init__(
+        self,
+        registry: str | Registry,
+        *,
+        group: str,
+        secret: str = "",
+        topics: Iterable[str],
+        check_listener: CheckMessageListener | None = None,
+        send_timeout: float = 3.0,
+        connect_timeout: float = 10.0,
+        delivery_log: str | None = None,
+    ) -> None:
         super().__init__(registry, Credentials(group, secret), list(topics), connect_timeout, delivery_log)
         self.check_listener = check_listener
         self.send_timeout = send_timeout
@@ -69,17 +78,21 @@ class Producer(Client):
             ack = await connection.request(message.cmd, message.to_wire(), self.send_timeout)
         except trio.TooSlowError:
             self._log("send_failed", message, reason="timeout")
-            raise SendError(f"no store ack from {connection.address} within {self.send_timeout} s; the message "
-                            "may or may not be stored: resend it with the same id",
-                            message_id=message.message_id) from None
+            raise SendError(
+                f"no store ack from {connection.address} within {self.send_timeout} s; the message "
+                "may or may not be stored: resend it with the same id",
+                message_id=message.message_id,
+            ) from None
         except ConnectionClosed as exc:
             self._log("send_failed", message, reason="connection-lost")
             raise SendError(f"{exc}; resend the message", message_id=message.message_id) from None
         assert isinstance(ack, pb.MessageStoreAck)
         if not ack.status:
             self._log("send_failed", message, reason=ack.feedback)
-            raise SendError(f"broker {connection.address} refused message {message.message_id}: {ack.feedback}",
-                            message_id=message.message_id)
+            raise SendError(
+                f"broker {connection.address} refused message {message.message_id}: {ack.feedback}",
+                message_id=message.message_id,
+            )
         self._log("sent", message, broker=connection.address)
         return connection
 
@@ -115,22 +128,33 @@ class Producer(Client):
             await self._decide(connection, message, TxStatus.ROLLBACK, "local transaction raised")
             raise
         status = TxStatus.COMMIT if committed else TxStatus.ROLLBACK
-        await self._decide(connection, message, status, "local transaction " + ("committed" if committed else
-                                                                                 "rolled back"))
+        await self._decide(
+            connection, message, status, "local transaction " + ("committed" if committed else "rolled back")
+        )
         return status
 
-    async def _decide(self, connection: ClientConnection, message: Message, status: TxStatus, feedback: str) -> None:
+    async def _decide(
+        self, connection: ClientConnection, message: Message, status: TxStatus, feedback: str
+    ) -> None:
         header = message.header()
         packet = pb.TxACKPacket(header=header, status=status, feedback=feedback)
-        live = connection if connection.alive else await self.pool.connection_to(connection.address,
-                                                                                   self.send_timeout)
+        live = (
+            connection
+            if connection.alive
+            else await self.pool.connection_to(connection.address, self.send_timeout)
+        )
         try:
             if live is None:
                 raise ConnectionClosed(f"broker {connection.address} is unreachable")
             live.send(0, Cmd.TX_ACK, packet)
         except ConnectionClosed as exc:
-            log.warning("producer.decision_not_sent", message_id=message.message_id, decision=status.name,
-                        error=str(exc), detail="the broker's back-scan will ask the CheckMessageListener")
+            log.warning(
+                "producer.decision_not_sent",
+                message_id=message.message_id,
+                decision=status.name,
+                error=str(exc),
+                detail="the broker's back-scan will ask the CheckMessageListener",
+            )
 
     # -- the broker's questions -------------------------------------------------------------
 
@@ -147,22 +171,33 @@ class Producer(Client):
         if self.check_listener is None:
             if not self._warned_no_listener:
                 self._warned_no_listener = True
-                log.warning("producer.no_check_listener", group=self.group,
-                            detail="answering UNKNOWN to transaction checks; pass check_listener=")
+                log.warning(
+                    "producer.no_check_listener",
+                    group=self.group,
+                    detail="answering UNKNOWN to transaction checks; pass check_listener=",
+                )
         else:
             try:
                 status = TxStatus(await self.check_listener.check(message))
                 feedback = "checked"
-            except Exception as exc:  # noqa: BLE001 - a failing check is an UNKNOWN answer
+            except Exception as exc:
                 status, feedback = TxStatus.UNKNOWN, f"check failed: {exc}"
                 log.warning("producer.check_failed", message_id=message.message_id, error=str(exc))
         try:
-            connection.send(opaque, Cmd.TX_ACK, pb.TxACKPacket(header=packet.header, status=status,
-                                                                feedback=feedback))
+            connection.send(
+                opaque, Cmd.TX_ACK, pb.TxACKPacket(header=packet.header, status=status, feedback=feedback)
+            )
         except ConnectionClosed:
             return
 
     def _log(self, event: str, message: Message, **fields: object) -> None:
         if self.delivery_log is not None:
-            self.delivery_log.emit(event, None, message_id=message.message_id, topic=message.topic,
-                                   message_type=message.message_type, producer_group=self.group, **fields)
+            self.delivery_log.emit(
+                event,
+                None,
+                message_id=message.message_id,
+                topic=message.topic,
+                message_type=message.message_type,
+                producer_group=self.group,
+                **fields,
+            )

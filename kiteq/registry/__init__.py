@@ -20,7 +20,9 @@ def open_registry(uri: str) -> Registry:
         from kiteq.registry.zk import ZooKeeperRegistry
 
         return ZooKeeperRegistry.from_uri(uri)
-    raise RegistryError(f"unknown registry URI {uri!r}: use file:///path/registry.json or zk://host:2181[/chroot]")
+    raise RegistryError(
+        f"unknown registry URI {uri!r}: use file:///path/registry.json or zk://host:2181[/chroot]"
+    )
 
 
 __all__ = ["Binding", "BindingError", "Registry", "open_registry"]

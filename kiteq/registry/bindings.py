@@ -60,23 +60,45 @@ class Binding:
             raise BindingError("a direct binding needs a messageType")
 
     @classmethod
-    def direct(cls, topic: str, message_type: str, *, group: str = "", watermark: int = DEFAULT_WATERMARK,
-               persistent: bool = True) -> Binding:
+    def direct(
+        cls,
+        topic: str,
+        message_type: str,
+        *,
+        group: str = "",
+        watermark: int = DEFAULT_WATERMARK,
+        persistent: bool = True,
+    ) -> Binding:
         return cls(group, topic, message_type, BindType.DIRECT, watermark, persistent)
 
     @classmethod
-    def regex(cls, topic: str, pattern: str, *, group: str = "", watermark: int = DEFAULT_WATERMARK,
-              persistent: bool = True) -> Binding:
+    def regex(
+        cls,
+        topic: str,
+        pattern: str,
+        *,
+        group: str = "",
+        watermark: int = DEFAULT_WATERMARK,
+        persistent: bool = True,
+    ) -> Binding:
         return cls(group, topic, pattern, BindType.REGEX, watermark, persistent)
 
     @classmethod
-    def fanout(cls, topic: str, *, group: str = "", watermark: int = DEFAULT_WATERMARK,
-               persistent: bool = True) -> Binding:
+    def fanout(
+        cls, topic: str, *, group: str = "", watermark: int = DEFAULT_WATERMARK, persistent: bool = True
+    ) -> Binding:
         return cls(group, topic, FANOUT_TYPE, BindType.FANOUT, watermark, persistent)
 
     def with_group(self, group: str) -> Binding:
-        return Binding(group, self.topic, self.message_type, self.bind_type, self.watermark, self.persistent,
-                       self.version)
+        return Binding(
+            group,
+            self.topic,
+            self.message_type,
+            self.bind_type,
+            self.watermark,
+            self.persistent,
+            self.version,
+        )
 
     @property
     def key(self) -> tuple[str, str, str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import socket
 import time
+
 import structlog
 import trio
 
@@ -45,8 +46,9 @@ ACCEPT_RETRY = 0.1
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig, *, store: MessageStore | None = None,
-                 registry: Registry | None = None) -> None:
+    def __init__(
+        self, config: BrokerConfig, *, store: MessageStore | None = None, registry: Registry | None = None
+    ) -> None:
         self.config = config
         self.store = store or open_store(config.server.store)
         self.registry = registry or open_registry(config.server.registry)
@@ -54,7 +56,8 @@ class Broker:
         self.admin_address = ""
         delivery_log = (
             DeliveryLog(config.server.delivery_log, "broker", max_bytes=config.server.delivery_log_max_bytes)
-            if config.server.delivery_log else None
+            if config.server.delivery_log
+            else None
         )
         self.events = Events(delivery_log)
         self.router = Router()
@@ -85,8 +88,11 @@ class Broker:
         if not self.config.auth:
             log.warning("broker.auth_open", detail="no [auth] table: any group and secret is accepted")
         if not self.store.durable:
-            log.warning("broker.store_not_durable", store=self.store.uri,
-                        detail="messages are lost when the broker stops")
+            log.warning(
+                "broker.store_not_durable",
+                store=self.store.uri,
+                detail="messages are lost when the broker stops",
+            )
         async with self.store, self.registry, trio.open_nursery() as nursery:
             self._nursery = nursery
             listeners = await trio.open_tcp_listeners(int(port), host=host)
@@ -156,7 +162,7 @@ class Broker:
         with trio.move_on_after(5):
             try:
                 await self.registry.unregister_server(self.address)
-            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+            except Exception as exc:
                 log.warning("broker.unregister_failed", error=str(exc))
 
     def _on_bindings(self, bindings: list[Binding]) -> None:
@@ -222,15 +228,19 @@ class Broker:
 
     # -- handlers -----------------------------------------------------------------------------
 
-    async def produce(self, connection: BrokerConnection, opaque: int, cmd: Cmd,
-                      message: pb.BytesMessage | pb.StringMessage) -> None:
+    async def produce(
+        self, connection: BrokerConnection, opaque: int, cmd: Cmd, message: pb.BytesMessage | pb.StringMessage
+    ) -> None:
         """Validate, store, ack, then dispatch: the ack is sent only once the store has the message."""
         entity = entity_from_wire(cmd, message)
         now = time.time()
 
         def ack(status: bool, feedback: str) -> None:
-            connection.reply(opaque, Cmd.MESSAGE_STORE_ACK,
-                             pb.MessageStoreAck(messageId=entity.message_id, status=status, feedback=feedback))
+            connection.reply(
+                opaque,
+                Cmd.MESSAGE_STORE_ACK,
+                pb.MessageStoreAck(messageId=entity.message_id, status=status, feedback=feedback),
+            )
 
         try:
             validate_message(entity, now)
@@ -248,7 +258,9 @@ class Broker:
             with trio.fail_after(STORE_TIMEOUT):
                 saved = await self.store.save(entity)
         except (StoreError, trio.TooSlowError) as exc:
-            log.warning("message.store_failed", conn=connection.peer, message_id=entity.message_id, error=str(exc))
+            log.warning(
+                "message.store_failed", conn=connection.peer, message_id=entity.message_id, error=str(exc)
+            )
             ack(False, f"Store Result false: {exc or 'store timed out'}; resend the message")
             return
         ack(True, "Store Result true" if saved else "Store Result true (duplicate, stored once)")
@@ -265,8 +277,13 @@ class Broker:
         try:
             await apply_decision(self.store, self.dispatcher, self.events, packet.header.messageId, status)
         except StoreError as exc:
-            log.warning("tx.decision_failed", conn=connection.peer, message_id=packet.header.messageId,
-                        error=str(exc), detail="the back-scan will ask again")
+            log.warning(
+                "tx.decision_failed",
+                conn=connection.peer,
+                message_id=packet.header.messageId,
+                error=str(exc),
+                detail="the back-scan will ask again",
+            )
 
     # -- introspection ------------------------------------------------------------------------
 
@@ -289,7 +306,9 @@ class Broker:
                 "backlog_by_topic": store_stats.backlog_by_topic,
                 "details": store_stats.details,
             },
-            "counters": {f"{event}|{topic}|{group}": n for (event, topic, group), n in self.events.counts.items()},
+            "counters": {
+                f"{event}|{topic}|{group}": n for (event, topic, group), n in self.events.counts.items()
+            },
         }
 
 

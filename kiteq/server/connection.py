@@ -115,7 +115,9 @@ class BrokerConnection:
         check.opaque = opaque
         check.deadline = trio.current_time() + timeout
         self.pending[opaque] = check
-        packet = pb.TxACKPacket(header=check.entity.header(), status=TxStatus.UNKNOWN, feedback="Server Check")
+        packet = pb.TxACKPacket(
+            header=check.entity.header(), status=TxStatus.UNKNOWN, feedback="Server Check"
+        )
         self._send(encode_frame(opaque, Cmd.TX_ACK, packet))
 
     def expire(self, now: float) -> None:
@@ -146,8 +148,11 @@ class BrokerConnection:
         self._idle_scope.deadline = trio.current_time() + self.broker.config.server.idle_timeout
         for frame in frames:
             if not self.authenticated and frame.cmd is not Cmd.CONN_META:
-                self.reply(frame.opaque, Cmd.CONN_AUTH_ACK,
-                           pb.ConnAuthAck(status=False, feedback="Unauthorized,Connection broken!"))
+                self.reply(
+                    frame.opaque,
+                    Cmd.CONN_AUTH_ACK,
+                    pb.ConnAuthAck(status=False, feedback="Unauthorized,Connection broken!"),
+                )
                 raise Refused(f"{frame.cmd.name} before ConnMeta")
             try:
                 body = decode_body(frame)
@@ -160,10 +165,15 @@ class BrokerConnection:
         """A body that does not parse: answer what can be answered, keep the connection."""
         self.log.warning("connection.bad_body", cmd=frame.cmd.name, error=str(exc))
         if frame.cmd in MESSAGE_CMDS:
-            self.reply(frame.opaque, Cmd.MESSAGE_STORE_ACK,
-                       pb.MessageStoreAck(messageId="", status=False, feedback=f"bad message: {exc}"))
+            self.reply(
+                frame.opaque,
+                Cmd.MESSAGE_STORE_ACK,
+                pb.MessageStoreAck(messageId="", status=False, feedback=f"bad message: {exc}"),
+            )
         elif frame.cmd is Cmd.CONN_META:
-            self.reply(frame.opaque, Cmd.CONN_AUTH_ACK, pb.ConnAuthAck(status=False, feedback=f"bad ConnMeta: {exc}"))
+            self.reply(
+                frame.opaque, Cmd.CONN_AUTH_ACK, pb.ConnAuthAck(status=False, feedback=f"bad ConnMeta: {exc}")
+            )
             raise Refused("undecodable ConnMeta")
 
     async def _handle(self, frame: Frame, body: object) -> None:
@@ -177,7 +187,9 @@ class BrokerConnection:
         elif cmd is Cmd.TX_ACK:
             request = self._take(frame.opaque)
             if request is not None:
-                request.resolve(True, TxStatus(body.status).name.lower() if body.status in (0, 1, 2) else "unknown")  # type: ignore[attr-defined]
+                request.resolve(
+                    True, TxStatus(body.status).name.lower() if body.status in (0, 1, 2) else "unknown"
+                )  # type: ignore[attr-defined]
             await self._spawn(self.broker.decide, self, body)
         elif cmd is Cmd.HEARTBEAT:
             self.reply(frame.opaque, Cmd.HEARTBEAT, pb.HeartBeat(version=body.version))  # type: ignore[attr-defined]

@@ -6,9 +6,8 @@ Prometheus counters, the delivery log (when enabled) and structlog at debug leve
 
 from __future__ import annotations
 
-from collections import Counter
-
 import logging
+from collections import Counter
 
 import structlog
 

@@ -31,8 +31,11 @@ def validate_message(entity: MessageEntity, now: float, limits: Limits = Limits(
     """Refuse a malformed message and normalise its limits in place (as KiteQ does)."""
     if not MESSAGE_ID.fullmatch(entity.message_id):
         raise InvalidMessage("Invalid MessageId For UUID! messageId must be 32 hex characters")
-    for name, value in (("topic", entity.topic), ("messageType", entity.message_type),
-                        ("groupId", entity.producer_group)):
+    for name, value in (
+        ("topic", entity.topic),
+        ("messageType", entity.message_type),
+        ("groupId", entity.producer_group),
+    ):
         if not value:
             raise InvalidMessage(f"header.{name} must not be empty")
         if len(value) > limits.max_name_length:

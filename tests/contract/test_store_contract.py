@@ -14,7 +14,9 @@ from protocol import Cmd
 from stores import MessageEntity, MessageStore, open_store
 
 
-def new_entity(topic: str = "trade", message_type: str = "pay-succ", *, commit: bool = True, **fields: object) -> MessageEntity:
+def new_entity(
+    topic: str = "trade", message_type: str = "pay-succ", *, commit: bool = True, **fields: object
+) -> MessageEntity:
     entity = MessageEntity(
         message_id=uuid.uuid4().hex,
         topic=topic,

@@ -20,34 +20,36 @@ from tests.services.ports import free_port, stop_process, wait_for_port
 async def test_thousand_messages_reach_exactly_the_bound_groups(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
     direct, regex, fanout = RecordingListener(), RecordingListener(), RecordingListener()
-    async with running_broker(tmp_path) as broker:
-        async with (
-            Consumer(registry, group="direct", bindings=[Binding.direct("trade", "pay-succ")], listener=direct),
-            Consumer(registry, group="regex", bindings=[Binding.regex("trade", "pay-.*")], listener=regex),
-            Consumer(registry, group="fanout", bindings=[Binding.fanout("user")], listener=fanout),
-        ):
-            await wait_until(lambda: len(broker.router.bindings) == 3, what="bindings at the broker")
-            sent: dict[tuple[str, str], set[str]] = {}
-            async with Producer(registry, group="order-svc", topics=["trade", "user"]) as producer:
-                kinds = [("trade", "pay-succ"), ("trade", "pay-fail"), ("trade", "refund"), ("user", "signup")]
-                for i in range(1000):
-                    topic, message_type = kinds[i % len(kinds)]
-                    body = f"body-{i}" if i % 2 else f"body-{i}".encode()
-                    message_id = await producer.send(Message(topic, message_type, body))
-                    sent.setdefault((topic, message_type), set()).add(message_id)
-            expected = {
-                "direct": sent[("trade", "pay-succ")],
-                "regex": sent[("trade", "pay-succ")] | sent[("trade", "pay-fail")],
-                "fanout": sent[("user", "signup")],
-            }
-            listeners = {"direct": direct, "regex": regex, "fanout": fanout}
-            await wait_until(lambda: all(listeners[g].acked_ids == ids for g, ids in expected.items()),
-                             what="every bound group to ack its messages")
-            for group, listener in listeners.items():
-                assert {m.message_id for m in listener.deliveries} == expected[group], group
-            await wait_until(lambda: broker.events.total("finished") == 750, what="messages finished")
-            stats = await broker.store.stats()
-            assert stats.messages == 250, "refund messages match no binding and stay for retry"
+    async with (
+        running_broker(tmp_path) as broker,
+        Consumer(registry, group="direct", bindings=[Binding.direct("trade", "pay-succ")], listener=direct),
+        Consumer(registry, group="regex", bindings=[Binding.regex("trade", "pay-.*")], listener=regex),
+        Consumer(registry, group="fanout", bindings=[Binding.fanout("user")], listener=fanout),
+    ):
+        await wait_until(lambda: len(broker.router.bindings) == 3, what="bindings at the broker")
+        sent: dict[tuple[str, str], set[str]] = {}
+        async with Producer(registry, group="order-svc", topics=["trade", "user"]) as producer:
+            kinds = [("trade", "pay-succ"), ("trade", "pay-fail"), ("trade", "refund"), ("user", "signup")]
+            for i in range(1000):
+                topic, message_type = kinds[i % len(kinds)]
+                body = f"body-{i}" if i % 2 else f"body-{i}".encode()
+                message_id = await producer.send(Message(topic, message_type, body))
+                sent.setdefault((topic, message_type), set()).add(message_id)
+        expected = {
+            "direct": sent[("trade", "pay-succ")],
+            "regex": sent[("trade", "pay-succ")] | sent[("trade", "pay-fail")],
+            "fanout": sent[("user", "signup")],
+        }
+        listeners = {"direct": direct, "regex": regex, "fanout": fanout}
+        await wait_until(
+            lambda: all(listeners[g].acked_ids == ids for g, ids in expected.items()),
+            what="every bound group to ack its messages",
+        )
+        for group, listener in listeners.items():
+            assert {m.message_id for m in listener.deliveries} == expected[group], group
+        await wait_until(lambda: broker.events.total("finished") == 750, what="messages finished")
+        stats = await broker.store.stats()
+        assert stats.messages == 250, "refund messages match no binding and stay for retry"
     bodies = {m.body for m in fanout.deliveries}
     assert all(isinstance(b, str) for b in bodies) or all(isinstance(b, bytes) for b in bodies) or bodies
 
@@ -55,8 +57,10 @@ async def test_thousand_messages_reach_exactly_the_bound_groups(tmp_path: Path) 
 async def test_string_and_bytes_bodies_arrive_intact(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
     listener = RecordingListener()
-    async with running_broker(tmp_path), Consumer(registry, group="c", bindings=[Binding.fanout("t")],
-                                                  listener=listener):
+    async with (
+        running_broker(tmp_path),
+        Consumer(registry, group="c", bindings=[Binding.fanout("t")], listener=listener),
+    ):
         async with Producer(registry, group="p", topics=["t"]) as producer:
             await producer.send(Message("t", "a", "héllo wörld", properties={"k": "v"}))
             await producer.send(Message("t", "b", b"\x00\x01\xff"))
@@ -70,12 +74,14 @@ async def test_string_and_bytes_bodies_arrive_intact(tmp_path: Path) -> None:
 async def test_listener_returning_false_gets_the_message_again(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
     listener = RecordingListener(fail=lambda m: m.deliver_count < 2)
-    async with running_broker(tmp_path, delivery={"retry_base": 0.05, "retry_jitter": "none",
-                                                  "recover_interval": 0.05}):
-        async with Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener):
-            async with Producer(registry, group="p", topics=["t"]) as producer:
-                message_id = await producer.send(Message("t", "x", b"retry me"))
-            await wait_until(lambda: listener.acked[message_id] == 1, what="the retried message to be acked")
+    delivery = {"retry_base": 0.05, "retry_jitter": "none", "recover_interval": 0.05}
+    async with (
+        running_broker(tmp_path, delivery=delivery),
+        Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener),
+    ):
+        async with Producer(registry, group="p", topics=["t"]) as producer:
+            message_id = await producer.send(Message("t", "x", b"retry me"))
+        await wait_until(lambda: listener.acked[message_id] == 1, what="the retried message to be acked")
     counts = [m.deliver_count for m in listener.deliveries if m.message_id == message_id]
     assert counts == [1, 2]
 
@@ -111,8 +117,19 @@ async def test_message_before_auth_is_refused(tmp_path: Path) -> None:
     async with running_broker(tmp_path) as broker:
         host, _, port = broker.address.rpartition(":")
         stream = await trio.open_tcp_stream(host, int(port))
-        message = pb.BytesMessage(header=pb.Header(messageId="a" * 32, topic="t", messageType="x", expiredTime=-1,
-                                                   deliverLimit=100, groupId="g", commit=True, fly=False), body=b"")
+        message = pb.BytesMessage(
+            header=pb.Header(
+                messageId="a" * 32,
+                topic="t",
+                messageType="x",
+                expiredTime=-1,
+                deliverLimit=100,
+                groupId="g",
+                commit=True,
+                fly=False,
+            ),
+            body=b"",
+        )
         await stream.send_all(encode_frame(9, Cmd.BYTES_MESSAGE, message))
         data = b""
         with trio.fail_after(5):
@@ -126,7 +143,10 @@ async def test_message_before_auth_is_refused(tmp_path: Path) -> None:
 
 async def test_bad_message_is_refused_with_status_false(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
-    async with running_broker(tmp_path, server={"topics": ["t"]}), Producer(registry, group="p", topics=["t"]) as producer:
+    async with (
+        running_broker(tmp_path, server={"topics": ["t"]}),
+        Producer(registry, group="p", topics=["t"]) as producer,
+    ):
         with pytest.raises(SendError, match="Invalid MessageId"):
             await producer.send(Message("t", "x", b"", message_id="not-a-uuid"))
         connection = producer.pool.live("t")[0]
@@ -137,7 +157,10 @@ async def test_bad_message_is_refused_with_status_false(tmp_path: Path) -> None:
 
 async def test_same_message_id_twice_is_stored_once(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
-    async with running_broker(tmp_path, server={"topics": ["t"]}) as broker, Producer(registry, group="p", topics=["t"]) as producer:
+    async with (
+        running_broker(tmp_path, server={"topics": ["t"]}) as broker,
+        Producer(registry, group="p", topics=["t"]) as producer,
+    ):
         message = Message("t", "x", b"once")
         await producer.send(message)
         await producer.send(message)
@@ -157,11 +180,22 @@ async def test_heartbeat_is_echoed(tmp_path: Path) -> None:
 async def test_kiteq_server_subprocess_serves_clients(tmp_path: Path) -> None:
     port, admin = free_port(), free_port()
     registry = registry_uri(tmp_path)
-    command = [sys.executable, "-m", "kiteq.cli.server", "--bind", f"127.0.0.1:{port}",
-               "--admin-bind", f"127.0.0.1:{admin}", "--store", f"file://{tmp_path}/store",
-               "--registry", registry]
-    proc = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                            stderr=subprocess.PIPE)
+    command = [
+        sys.executable,
+        "-m",
+        "kiteq.cli.server",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--admin-bind",
+        f"127.0.0.1:{admin}",
+        "--store",
+        f"file://{tmp_path}/store",
+        "--registry",
+        registry,
+    ]
+    proc = subprocess.Popen(
+        command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE
+    )
     try:
         await trio.to_thread.run_sync(wait_for_port, port)
         listener = RecordingListener()
@@ -176,8 +210,12 @@ async def test_kiteq_server_subprocess_serves_clients(tmp_path: Path) -> None:
 
 def test_kiteq_server_reports_a_bad_config_value(tmp_path: Path) -> None:
     config = tmp_path / "kiteq.toml"
-    config.write_text("[delivery]\nretry_base = \"soon\"\n")
-    result = subprocess.run([sys.executable, "-m", "kiteq.cli.server", "--config", str(config)],
-                            capture_output=True, text=True, timeout=60)
+    config.write_text('[delivery]\nretry_base = "soon"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "kiteq.cli.server", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "[delivery] retry_base: expected float" in result.stderr

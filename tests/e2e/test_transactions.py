@@ -23,10 +23,12 @@ class LocalTxFailed(Exception):
 async def test_commit_delivers_once_rollback_never(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
     a, b = RecordingListener(), RecordingListener()
-    async with running_broker(tmp_path, tx=TX_FAST, delivery=DELIVERY_FAST) as broker, \
-            Consumer(registry, group="a", bindings=[Binding.fanout("t")], listener=a), \
-            Consumer(registry, group="b", bindings=[Binding.direct("t", "x")], listener=b), \
-            Producer(registry, group="p", topics=["t"]) as producer:
+    async with (
+        running_broker(tmp_path, tx=TX_FAST, delivery=DELIVERY_FAST) as broker,
+        Consumer(registry, group="a", bindings=[Binding.fanout("t")], listener=a),
+        Consumer(registry, group="b", bindings=[Binding.direct("t", "x")], listener=b),
+        Producer(registry, group="p", topics=["t"]) as producer,
+    ):
         await wait_until(lambda: len(broker.router.bindings) == 2)
 
         async def commit(message: Message) -> bool:
@@ -56,9 +58,11 @@ async def test_commit_delivers_once_rollback_never(tmp_path: Path) -> None:
 async def test_uncommitted_message_is_never_delivered(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
     listener = RecordingListener()
-    async with running_broker(tmp_path, tx={"tx_scan_interval": 60.0}, delivery=DELIVERY_FAST) as broker, \
-            Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener), \
-            Producer(registry, group="p", topics=["t"]) as producer:
+    async with (
+        running_broker(tmp_path, tx={"tx_scan_interval": 60.0}, delivery=DELIVERY_FAST) as broker,
+        Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener),
+        Producer(registry, group="p", topics=["t"]) as producer,
+    ):
         pending = Message("t", "x", b"wait", commit=False)
         await producer.send(pending)
         await trio.sleep(0.5)
@@ -71,16 +75,20 @@ async def test_uncommitted_message_is_never_delivered(tmp_path: Path) -> None:
 async def test_killed_producer_is_answered_by_a_new_one(tmp_path: Path, answer: str, delivered: bool) -> None:
     registry = registry_uri(tmp_path)
     listener = RecordingListener()
-    async with running_broker(tmp_path, tx=TX_FAST, delivery=DELIVERY_FAST) as broker, \
-            Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener), \
-            trio.open_nursery() as nursery:
-        first = await nursery.start(ClientProcess("tx_producer", "--registry", registry, "--group", "pay",
-                                                  "--send", "3").run)
+    async with (
+        running_broker(tmp_path, tx=TX_FAST, delivery=DELIVERY_FAST) as broker,
+        Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener),
+        trio.open_nursery() as nursery,
+    ):
+        first = await nursery.start(
+            ClientProcess("tx_producer", "--registry", registry, "--group", "pay", "--send", "3").run
+        )
         await wait_until(lambda: len(first.words("stored")) == 3, what="three store acks")
         first.kill()
         ids = set(first.words("stored"))
-        second = await nursery.start(ClientProcess("tx_producer", "--registry", registry, "--group", "pay",
-                                                   "--answer", answer).run)
+        second = await nursery.start(
+            ClientProcess("tx_producer", "--registry", registry, "--group", "pay", "--answer", answer).run
+        )
         await wait_until(lambda: set(second.words("checked")) >= ids, what="checks reaching the new producer")
         if delivered:
             await wait_until(lambda: listener.acked_ids == ids, what="committed messages delivered")
@@ -104,9 +112,11 @@ async def test_unknown_fifteen_times_dead_letters_then_redrive_delivers(tmp_path
     registry = registry_uri(tmp_path)
     listener, checker = RecordingListener(), AlwaysUnknown()
     tx = {**TX_FAST, "tx_scan_interval": 0.05, "tx_check_after": 0.05}
-    async with running_broker(tmp_path, tx=tx, delivery=DELIVERY_FAST) as broker, \
-            Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener), \
-            Producer(registry, group="p", topics=["t"], check_listener=checker) as producer:
+    async with (
+        running_broker(tmp_path, tx=tx, delivery=DELIVERY_FAST) as broker,
+        Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener),
+        Producer(registry, group="p", topics=["t"], check_listener=checker) as producer,
+    ):
         message = Message("t", "x", b"undecided", commit=False)
         await producer.send(message)
         await wait_until(lambda: broker.events.total("dead_lettered") == 1, timeout=20, what="tx-unresolved")
@@ -116,15 +126,21 @@ async def test_unknown_fifteen_times_dead_letters_then_redrive_delivers(tmp_path
         assert listener.deliveries == []
         from kiteq.server.admin import dlq
 
-        assert await dlq.redrive(broker.store, broker.dispatcher, broker.events,
-                                 dlq.DeadFilter(message_id=message.message_id)) == 1
+        assert (
+            await dlq.redrive(
+                broker.store, broker.dispatcher, broker.events, dlq.DeadFilter(message_id=message.message_id)
+            )
+            == 1
+        )
         await wait_until(lambda: listener.acked[message.message_id] == 1, what="delivery after redrive")
 
 
 async def test_producer_without_check_listener_answers_unknown(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
-    async with running_broker(tmp_path, tx=TX_FAST, server={"topics": ["t"]}) as broker, \
-            Producer(registry, group="p", topics=["t"]) as producer:
+    async with (
+        running_broker(tmp_path, tx=TX_FAST, server={"topics": ["t"]}) as broker,
+        Producer(registry, group="p", topics=["t"]) as producer,
+    ):
         message = Message("t", "x", b"?", commit=False)
         await producer.send(message)
         await wait_until(lambda: broker.events.total("tx_checked") >= 4, what="checks answered")
@@ -135,22 +151,30 @@ async def test_producer_without_check_listener_answers_unknown(tmp_path: Path) -
 async def test_commit_and_rollback_race_exactly_one_wins(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
     listener = RecordingListener()
-    async with running_broker(tmp_path, delivery=DELIVERY_FAST) as broker, \
-            Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener), \
-            Producer(registry, group="p", topics=["t"]) as producer:
+    async with (
+        running_broker(tmp_path, delivery=DELIVERY_FAST) as broker,
+        Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener),
+        Producer(registry, group="p", topics=["t"]) as producer,
+    ):
         outcomes = {}
         for i in range(40):
             message = Message("t", "x", f"race {i}".encode(), commit=False)
             await producer.send(message)
             results: dict[TxStatus, bool] = {}
 
-            async def decide(status: TxStatus, message_id: str = message.message_id,
-                             results: dict[TxStatus, bool] = results) -> None:
-                results[status] = await apply_decision(broker.store, broker.dispatcher, broker.events,
-                                                       message_id, status)
+            async def decide(
+                status: TxStatus,
+                message_id: str = message.message_id,
+                results: dict[TxStatus, bool] = results,
+            ) -> None:
+                results[status] = await apply_decision(
+                    broker.store, broker.dispatcher, broker.events, message_id, status
+                )
 
             async with trio.open_nursery() as nursery:
-                first, second = (TxStatus.COMMIT, TxStatus.ROLLBACK) if i % 2 else (TxStatus.ROLLBACK, TxStatus.COMMIT)
+                first, second = (
+                    (TxStatus.COMMIT, TxStatus.ROLLBACK) if i % 2 else (TxStatus.ROLLBACK, TxStatus.COMMIT)
+                )
                 nursery.start_soon(decide, first)
                 nursery.start_soon(decide, second)
             assert sorted(results.values()) == [False, True], results

@@ -33,8 +33,9 @@ def rss_kib(pid: int) -> int:
 
 
 def auth_frame(rng: random.Random) -> bytes:
-    return encode_frame(rng.randrange(2**32), Cmd.CONN_META, pb.ConnMeta(groupId=f"fuzz{rng.randrange(9)}",
-                                                                          secretKey=""))
+    return encode_frame(
+        rng.randrange(2**32), Cmd.CONN_META, pb.ConnMeta(groupId=f"fuzz{rng.randrange(9)}", secretKey="")
+    )
 
 
 def garbage_frame(rng: random.Random) -> bytes:
@@ -53,9 +54,16 @@ def garbage_frame(rng: random.Random) -> bytes:
     if kind == 4:  # a flood of heartbeats
         return b"".join(encode_frame(opaque + i, Cmd.HEARTBEAT, pb.HeartBeat(version=i)) for i in range(500))
     if kind == 5:  # messages with bad headers
-        header = pb.Header(messageId=rng.choice(["", "zz", "a" * 32]), topic=rng.choice(["", "t"]), messageType="x",
-                           expiredTime=rng.choice([-1, 1]), deliverLimit=rng.randrange(-5, 500), groupId="fuzz",
-                           commit=rng.random() < 0.5, fly=rng.random() < 0.2)
+        header = pb.Header(
+            messageId=rng.choice(["", "zz", "a" * 32]),
+            topic=rng.choice(["", "t"]),
+            messageType="x",
+            expiredTime=rng.choice([-1, 1]),
+            deliverLimit=rng.randrange(-5, 500),
+            groupId="fuzz",
+            commit=rng.random() < 0.5,
+            fly=rng.random() < 0.2,
+        )
         return encode_frame(opaque, Cmd.BYTES_MESSAGE, pb.BytesMessage(header=header, body=b"x"))
     return rng.randbytes(rng.randrange(1, 64))  # pure noise
 
@@ -87,14 +95,32 @@ async def fuzz_connection(port: int, seed: int, deadline: float) -> int:
 async def test_fuzzed_broker_stays_up_and_serves_others(tmp_path: Path) -> None:
     port = free_port()
     registry = registry_uri(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "kiteq.cli.server", "--bind", f"127.0.0.1:{port}",
-                             "--admin-bind", "", "--store", "memory://", "--registry", registry,
-                             "--log-level", "error"], cwd=tmp_path, env={**os.environ})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kiteq.cli.server",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--admin-bind",
+            "",
+            "--store",
+            "memory://",
+            "--registry",
+            registry,
+            "--log-level",
+            "error",
+        ],
+        cwd=tmp_path,
+        env={**os.environ},
+    )
     try:
         await trio.to_thread.run_sync(wait_for_port, port)
         listener = RecordingListener()
-        async with Consumer(registry, group="good", bindings=[Binding.direct("t", "x")], listener=listener), \
-                Producer(registry, group="good-p", topics=["t"]) as producer:
+        async with (
+            Consumer(registry, group="good", bindings=[Binding.direct("t", "x")], listener=listener),
+            Producer(registry, group="good-p", topics=["t"]) as producer,
+        ):
             await wait_until(lambda: bool(producer.pool.live("t")))
             baseline = rss_kib(proc.pid)
             sent_ids: set[str] = set()
@@ -105,7 +131,9 @@ async def test_fuzzed_broker_stays_up_and_serves_others(tmp_path: Path) -> None:
                 while trio.current_time() < deadline:
                     sent_ids.add(await producer.send(Message("t", "x", b"well-behaved")))
                     await trio.sleep(0.01)
-            await wait_until(lambda: listener.acked_ids >= sent_ids, what="the good consumer to get everything")
+            await wait_until(
+                lambda: listener.acked_ids >= sent_ids, what="the good consumer to get everything"
+            )
             assert proc.poll() is None, "the broker is still running"
             grown = rss_kib(proc.pid) - baseline
             assert grown < 100 * 1024, f"broker memory grew by {grown} KiB under fuzzing"

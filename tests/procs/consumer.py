@@ -23,8 +23,9 @@ class Printer(MessageListener):
 
 async def main(args: argparse.Namespace) -> None:
     binding = Binding.direct(args.topic, args.type, watermark=args.watermark)
-    async with Consumer(args.registry, group=args.group, secret=args.secret, bindings=[binding],
-                        listener=Printer(args.delay)):
+    async with Consumer(
+        args.registry, group=args.group, secret=args.secret, bindings=[binding], listener=Printer(args.delay)
+    ):
         print("ready", flush=True)
         await trio.sleep_forever()
 

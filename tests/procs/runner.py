@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -24,8 +25,11 @@ class ClientProcess:
     async def run(self, *, task_status: trio.TaskStatus[ClientProcess] = trio.TASK_STATUS_IGNORED) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
         async with trio.open_nursery() as nursery:
-            self.process = await nursery.start(lambda **kw: trio.run_process(
-                self.command, stdout=subprocess.PIPE, check=False, env=env, **kw))
+            self.process = await nursery.start(
+                functools.partial(
+                    trio.run_process, self.command, stdout=subprocess.PIPE, check=False, env=env
+                )
+            )
             task_status.started(self)
             buffer = b""
             assert self.process.stdout is not None

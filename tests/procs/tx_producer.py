@@ -28,7 +28,9 @@ class Answer(CheckMessageListener):
 
 async def main(args: argparse.Namespace) -> None:
     listener = Answer(TxStatus[args.answer.upper()]) if args.answer else None
-    async with Producer(args.registry, group=args.group, topics=[args.topic], check_listener=listener) as producer:
+    async with Producer(
+        args.registry, group=args.group, topics=[args.topic], check_listener=listener
+    ) as producer:
         print("ready", flush=True)
         stored = trio.Event()
 

@@ -12,7 +12,9 @@ if TYPE_CHECKING:
     from kiteq.server.broker import Broker
 
 
-async def serve_admin(broker: Broker, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_admin(
+    broker: Broker, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     from kiteq.server.admin.app import AdminApp
 
     config = Config()

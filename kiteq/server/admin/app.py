@@ -112,8 +112,13 @@ async def _json_body(receive: Receive) -> dict[str, Any]:
 
 async def _respond(send: Send, status: int, payload: object) -> None:
     data = json.dumps(payload, default=str).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 

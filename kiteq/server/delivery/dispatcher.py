@@ -32,8 +32,9 @@ log = structlog.get_logger(__name__)
 
 
 class Dispatcher:
-    def __init__(self, store: MessageStore, router: Router, groups: GroupTable, config: DeliveryConfig,
-                 events: Events) -> None:
+    def __init__(
+        self, store: MessageStore, router: Router, groups: GroupTable, config: DeliveryConfig, events: Events
+    ) -> None:
         self.store = store
         self.router = router
         self.groups = groups
@@ -122,8 +123,12 @@ class Dispatcher:
                 self._give_back(delivery)
                 continue
             peer.deliver(delivery, self.config.deliver_timeout)  # type: ignore[attr-defined]
-            self.events.emit("delivered", delivery.round.entity, group=lane.group,
-                             attempt=delivery.round.entity.deliver_count + 1)
+            self.events.emit(
+                "delivered",
+                delivery.round.entity,
+                group=lane.group,
+                attempt=delivery.round.entity.deliver_count + 1,
+            )
 
     def _give_back(self, delivery: Delivery) -> None:
         """A queued delivery that was never sent (group offline, binding removed, shutting down)."""
@@ -197,15 +202,27 @@ class Dispatcher:
                 self.events.emit("finished", entity)
             case Verdict.DEAD:
                 await self.store.dead_letter(entity.message_id, outcome.reason)
-                self.events.emit("dead_lettered", entity, reason=outcome.reason, attempt=outcome.deliver_count)
+                self.events.emit(
+                    "dead_lettered", entity, reason=outcome.reason, attempt=outcome.deliver_count
+                )
             case Verdict.RETRY:
-                delay = backoff_delay(outcome.deliver_count, self.config.retry_base, self.config.retry_max,
-                                      self.config.retry_jitter)
-                await self.store.update_delivery(entity.message_id, outcome.succ_groups, outcome.fail_groups,
-                                                 outcome.deliver_count, now + delay)
+                delay = backoff_delay(
+                    outcome.deliver_count,
+                    self.config.retry_base,
+                    self.config.retry_max,
+                    self.config.retry_jitter,
+                )
+                await self.store.update_delivery(
+                    entity.message_id,
+                    outcome.succ_groups,
+                    outcome.fail_groups,
+                    outcome.deliver_count,
+                    now + delay,
+                )
             case Verdict.REOFFER:
-                await self.store.update_delivery(entity.message_id, outcome.succ_groups, (),
-                                                 outcome.deliver_count, now)
+                await self.store.update_delivery(
+                    entity.message_id, outcome.succ_groups, (), outcome.deliver_count, now
+                )
             case Verdict.UNCHANGED:
                 pass
 
@@ -216,8 +233,13 @@ class Dispatcher:
 
     def lane_stats(self) -> list[dict[str, object]]:
         return [
-            {"group": lane.group, "topic": lane.binding.topic, "message_type": lane.binding.message_type,
-             "watermark": lane.binding.watermark, "inflight": lane.inflight, "queued": lane.queued}
+            {
+                "group": lane.group,
+                "topic": lane.binding.topic,
+                "message_type": lane.binding.message_type,
+                "watermark": lane.binding.watermark,
+                "inflight": lane.inflight,
+                "queued": lane.queued,
+            }
             for lane in self.lanes.values()
         ]
-

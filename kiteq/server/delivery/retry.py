@@ -5,8 +5,9 @@ from __future__ import annotations
 import random
 
 
-def backoff_delay(attempt: int, base: float, maximum: float, jitter: str = "full",
-                  rng: random.Random | None = None) -> float:
+def backoff_delay(
+    attempt: int, base: float, maximum: float, jitter: str = "full", rng: random.Random | None = None
+) -> float:
     """Seconds to wait after the `attempt`-th failed round (1-based).
 
     The cap doubles per attempt (base, 2·base, 4·base, … up to `maximum`). With "full"

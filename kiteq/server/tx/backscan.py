@@ -79,7 +79,9 @@ class TxBackscan:
         group = entity.producer_group
         if entity.deliver_count >= self.config.tx_check_max:
             if await self.store.dead_letter(entity.message_id, "tx-unresolved"):
-                self.events.emit("dead_lettered", entity, reason="tx-unresolved", attempt=entity.deliver_count)
+                self.events.emit(
+                    "dead_lettered", entity, reason="tx-unresolved", attempt=entity.deliver_count
+                )
             return False
         if self.inflight[group] >= self.config.tx_check_inflight:
             return False

@@ -18,15 +18,20 @@ from stores import MessageStore
 log = structlog.get_logger(__name__)
 
 
-async def apply_decision(store: MessageStore, dispatcher: Dispatcher, events: Events, message_id: str,
-                         status: TxStatus) -> bool:
+async def apply_decision(
+    store: MessageStore, dispatcher: Dispatcher, events: Events, message_id: str, status: TxStatus
+) -> bool:
     """Commit (and deliver) or roll back; False when the other decision had already won."""
     if status is TxStatus.COMMIT:
         entity = await store.get(message_id)
         was_committed = entity is not None and entity.commit
         if not await store.commit(message_id):
-            log.warning("tx.conflict", message_id=message_id, decision="commit",
-                        detail="message is unknown or was rolled back; commit ignored")
+            log.warning(
+                "tx.conflict",
+                message_id=message_id,
+                decision="commit",
+                detail="message is unknown or was rolled back; commit ignored",
+            )
             return False
         entity = await store.get(message_id)
         if entity is None:
@@ -42,7 +47,11 @@ async def apply_decision(store: MessageStore, dispatcher: Dispatcher, events: Ev
                 events.emit("rolled_back", entity)
             return True
         if entity is not None and entity.commit:
-            log.warning("tx.conflict", message_id=message_id, decision="rollback",
-                        detail="message was already committed; rollback ignored")
+            log.warning(
+                "tx.conflict",
+                message_id=message_id,
+                decision="rollback",
+                detail="message was already committed; rollback ignored",
+            )
         return False
     return False

@@ -20,8 +20,16 @@ from protocol import (
 
 
 def header(message_id: str = "0123456789abcdef0123456789abcdef") -> pb.Header:
-    return pb.Header(messageId=message_id, topic="trade", messageType="pay-succ", expiredTime=-1, deliverLimit=100,
-                     groupId="order-svc", commit=True, fly=False)
+    return pb.Header(
+        messageId=message_id,
+        topic="trade",
+        messageType="pay-succ",
+        expiredTime=-1,
+        deliverLimit=100,
+        groupId="order-svc",
+        commit=True,
+        fly=False,
+    )
 
 
 SAMPLES = {
@@ -51,13 +59,13 @@ def test_round_trip_every_command(cmd: Cmd) -> None:
 def test_golden_bytes_of_a_heartbeat() -> None:
     # opaque=7, cmd=0x01, version=0, extension=0, body_len=2, body = field 1 varint 5
     assert encode_frame(7, Cmd.HEARTBEAT, pb.HeartBeat(version=5)) == bytes.fromhex(
-        "00000007" "01" "0000" "0000000000000000" "00000002" "0805"
+        "000000070100000000000000000000000000020805"
     )
 
 
 def test_golden_bytes_of_a_conn_meta() -> None:
     data = encode_frame(1, Cmd.CONN_META, pb.ConnMeta(groupId="g", secretKey="s"))
-    assert data[:HEADER_SIZE].hex() == "00000001" "02" "0000" "0000000000000000" "00000006"
+    assert data[:HEADER_SIZE].hex() == "00000001020000000000000000000000000006"
     assert data[HEADER_SIZE:] == b"\x0a\x01g\x12\x01s"
 
 
@@ -72,7 +80,7 @@ def test_frames_split_byte_by_byte_and_pipelined() -> None:
 
 def test_oversized_length_is_a_protocol_error_and_sticks() -> None:
     decoder = FrameDecoder(max_body=1024)
-    bad = bytes.fromhex("00000009" "11" "0000" "0000000000000000") + (1025).to_bytes(4, "big")
+    bad = bytes.fromhex("000000091100000000000000000000") + (1025).to_bytes(4, "big")
     with pytest.raises(ProtocolError, match="exceeds the limit"):
         decoder.feed(bad)
     with pytest.raises(ProtocolError):
@@ -82,7 +90,7 @@ def test_oversized_length_is_a_protocol_error_and_sticks() -> None:
 def test_frames_before_a_bad_header_are_returned_then_the_error_is_raised() -> None:
     decoder = FrameDecoder()
     good = encode_frame(3, Cmd.HEARTBEAT, SAMPLES[Cmd.HEARTBEAT])
-    bad = bytes.fromhex("00000004" "7f" "0000" "0000000000000000" "00000000")
+    bad = bytes.fromhex("000000047f0000000000000000000000000000")
     assert [f.opaque for f in decoder.feed(good + bad)] == [3]
     with pytest.raises(ProtocolError, match="unknown command"):
         decoder.check()
@@ -91,10 +99,10 @@ def test_frames_before_a_bad_header_are_returned_then_the_error_is_raised() -> N
 
 
 def test_negative_length_and_unknown_command() -> None:
-    negative = bytes.fromhex("00000001" "01" "0000" "0000000000000000" "ffffffff")
+    negative = bytes.fromhex("000000010100000000000000000000ffffffff")
     with pytest.raises(ProtocolError, match="negative"):
         FrameDecoder().feed(negative)
-    unknown = bytes.fromhex("00000001" "7f" "0000" "0000000000000000" "00000000")
+    unknown = bytes.fromhex("000000017f0000000000000000000000000000")
     with pytest.raises(ProtocolError, match="unknown command 0x7f"):
         FrameDecoder().feed(unknown)
 

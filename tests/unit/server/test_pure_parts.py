@@ -33,14 +33,17 @@ def test_validation_normalises_like_kiteq() -> None:
     assert e.create_time == int(NOW)
 
 
-@pytest.mark.parametrize(("fields", "reason"), [
-    ({"message_id": "not-hex"}, "Invalid MessageId"),
-    ({"topic": ""}, "topic must not be empty"),
-    ({"message_type": "x" * 300}, "messageType is longer"),
-    ({"expired_time": int(NOW) - 5}, "Expired Message"),
-    ({"fly": True, "commit": False}, "FLY MUST BE COMMITTED"),
-    ({"properties": {str(i): "v" for i in range(100)}}, "more than 64 properties"),
-])
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"message_id": "not-hex"}, "Invalid MessageId"),
+        ({"topic": ""}, "topic must not be empty"),
+        ({"message_type": "x" * 300}, "messageType is longer"),
+        ({"expired_time": int(NOW) - 5}, "Expired Message"),
+        ({"fly": True, "commit": False}, "FLY MUST BE COMMITTED"),
+        ({"properties": {str(i): "v" for i in range(100)}}, "more than 64 properties"),
+    ],
+)
 def test_validation_refusals(fields: dict[str, object], reason: str) -> None:
     with pytest.raises(InvalidMessage, match=reason):
         validate_message(entity(**fields), NOW)
@@ -48,13 +51,15 @@ def test_validation_refusals(fields: dict[str, object], reason: str) -> None:
 
 def test_routing_direct_regex_fanout_one_binding_per_group() -> None:
     router = Router()
-    router.update([
-        Binding.direct("trade", "pay-succ", group="sms"),
-        Binding.regex("trade", "pay-.*", group="audit"),
-        Binding.regex("trade", "pay", group="strict"),
-        Binding.fanout("trade", group="all"),
-        Binding.direct("other", "pay-succ", group="elsewhere"),
-    ])
+    router.update(
+        [
+            Binding.direct("trade", "pay-succ", group="sms"),
+            Binding.regex("trade", "pay-.*", group="audit"),
+            Binding.regex("trade", "pay", group="strict"),
+            Binding.fanout("trade", group="all"),
+            Binding.direct("other", "pay-succ", group="elsewhere"),
+        ]
+    )
     assert {b.group for b in router.route("trade", "pay-succ")} == {"sms", "audit", "all"}
     assert {b.group for b in router.route("trade", "refund")} == {"all"}
     assert {b.group for b in router.route("trade", "pay")} == {"strict", "all"}, "regex is a full match"
@@ -76,7 +81,7 @@ def test_backoff_doubles_to_the_cap_and_full_jitter_stays_below() -> None:
     assert [backoff_delay(n, 1.0, 300.0, "none") for n in (1, 2, 3, 4, 10, 50)] == [1, 2, 4, 8, 300, 300]
     rng = random.Random(1)
     samples = [backoff_delay(4, 1.0, 300.0, "full", rng) for _ in range(1000)]
-    assert 0 <= min(samples) and max(samples) <= 8
+    assert min(samples) >= 0 and max(samples) <= 8
     assert 3 < sum(samples) / len(samples) < 5
 
 
@@ -120,7 +125,12 @@ def test_round_outcomes() -> None:
     r.record("a", True)
     r.record("b", False, "nack")
     out = r.outcome(NOW)
-    assert (out.verdict, out.succ_groups, out.fail_groups, out.deliver_count) == (Verdict.RETRY, ("a",), ("b",), 1)
+    assert (out.verdict, out.succ_groups, out.fail_groups, out.deliver_count) == (
+        Verdict.RETRY,
+        ("a",),
+        ("b",),
+        1,
+    )
     e.deliver_count = 2
     assert Round.of(e, frozenset({"b"})).outcome(NOW).verdict is Verdict.UNCHANGED
     r2 = Round.of(e, frozenset({"b"}))
