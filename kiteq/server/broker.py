@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import socket
 import time
+from typing import Any
 
 import structlog
 import trio
@@ -69,6 +70,7 @@ class Broker:
         self.connections: set[BrokerConnection] = set()
         self.started_at = time.time()
         self.served_topics: tuple[str, ...] = ()
+        self._registering = trio.Lock()
         self._auth_failures: dict[str, TokenBucket] = {}
         self._nursery: trio.Nursery | None = None
         self._stop_requested = trio.Event()
@@ -153,6 +155,8 @@ class Broker:
         self.admin_address = bound[0].removeprefix("http://") if bound else self.config.server.admin_bind
 
     async def _register(self) -> None:
+        # One at a time, so `run` returns from here only once the node is written and two
+        # bindings changes in a row cannot reach the registry in the wrong order.
         topics = tuple(sorted(set(self.config.server.topics) | set(self.router.topics)))
         if topics != self.served_topics:
             self.served_topics = topics
@@ -190,6 +194,8 @@ class Broker:
         self.connections.add(connection)
         try:
             await connection.serve()
+        except Exception:  # one connection's failure must not stop the broker
+            log.exception("connection.failed", conn=peer)
         finally:
             self.connections.discard(connection)
             if connection.authenticated:
@@ -255,8 +261,10 @@ class Broker:
             self.dispatcher.submit(entity)
             return
         try:
+            started = time.perf_counter()
             with trio.fail_after(STORE_TIMEOUT):
                 saved = await self.store.save(entity)
+            store_ms = round((time.perf_counter() - started) * 1000, 3)
         except (StoreError, trio.TooSlowError) as exc:
             log.warning(
                 "message.store_failed", conn=connection.peer, message_id=entity.message_id, error=str(exc)
@@ -266,7 +274,13 @@ class Broker:
         ack(True, "Store Result true" if saved else "Store Result true (duplicate, stored once)")
         if not saved:
             return
-        self.events.emit("stored", entity, commit=entity.commit, groups=self.dispatcher.target_groups(entity))
+        self.events.emit(
+            "stored",
+            entity,
+            commit=entity.commit,
+            groups=self.dispatcher.target_groups(entity),
+            store_ms=store_ms,
+        )
         if entity.commit:
             self.dispatcher.submit(entity)
 
@@ -288,27 +302,71 @@ class Broker:
     # -- introspection ------------------------------------------------------------------------
 
     async def stats(self) -> dict[str, object]:
+        """A JSON snapshot for /stats, /metrics, `kiteq-admin stats|top` and the dashboard.
+
+        Backlog is the store's committed, unfinished messages per topic; a group's backlog
+        is that of the topics it is bound to (a message counts until every group has it).
+        Event counts are cumulative: readers derive rates from two snapshots.
+        """
         store_stats = await self.store.stats()
+        backlog = store_stats.backlog_by_topic
+        connections = self.groups.groups()
+        lanes = self.dispatcher.lane_stats()
+        groups: dict[str, dict[str, Any]] = {}
+        topics: dict[str, dict[str, Any]] = {}
+
+        def group_row(group: str) -> dict[str, Any]:
+            empty = {"connections": connections.get(group, 0), "inflight": 0, "queued": 0, "backlog": 0}
+            return groups.setdefault(group, {**empty, "topics": [], "events": {}})
+
+        def topic_row(topic: str) -> dict[str, Any]:
+            return topics.setdefault(topic, {"backlog": backlog.get(topic, 0), "inflight": 0, "events": {}})
+
+        for group in connections:
+            group_row(group)
+        for topic in backlog:
+            topic_row(topic)
+        for lane in lanes:
+            row, topic = group_row(str(lane["group"])), str(lane["topic"])
+            row["inflight"] += lane["inflight"]
+            row["queued"] += lane["queued"]
+            topic_row(topic)["inflight"] += lane["inflight"]
+            if topic not in row["topics"]:
+                row["topics"].append(topic)
+                row["backlog"] += backlog.get(topic, 0)
+        totals: dict[str, int] = {}
+        for (event, topic, group), n in self.events.counts.items():
+            totals[event] = totals.get(event, 0) + n
+            by_topic = topic_row(topic)["events"]
+            by_topic[event] = by_topic.get(event, 0) + n
+            if group:
+                by_group = group_row(group)["events"]
+                by_group[event] = by_group.get(event, 0) + n
         return {
             "address": self.address,
+            "started_at": self.started_at,
             "uptime": time.time() - self.started_at,
-            "connections": len(self.connections),
-            "groups": self.groups.groups(),
-            "registry": {"uri": self.registry.uri, "connected": self.registry.connected},
-            "lanes": self.dispatcher.lane_stats(),
+            "connections": {"total": len(self.connections), "by_group": connections},
+            "registry": {
+                "uri": self.registry.uri,
+                "connected": self.registry.connected,
+                "state": getattr(self.registry, "state", "CONNECTED" if self.registry.connected else "LOST"),
+            },
+            "groups": dict(sorted(groups.items())),
+            "topics": dict(sorted(topics.items())),
+            "lanes": lanes,
             "rounds_in_flight": len(self.dispatcher.rounds),
+            "dead_letters": {"total": store_stats.dead, "by_reason": store_stats.dead_by_reason},
             "store": {
                 "kind": store_stats.kind,
                 "messages": store_stats.messages,
                 "uncommitted": store_stats.uncommitted,
                 "dead": store_stats.dead,
                 "dead_by_reason": store_stats.dead_by_reason,
-                "backlog_by_topic": store_stats.backlog_by_topic,
+                "backlog_by_topic": backlog,
                 "details": store_stats.details,
             },
-            "counters": {
-                f"{event}|{topic}|{group}": n for (event, topic, group), n in self.events.counts.items()
-            },
+            "events": totals,
         }
 
 
