@@ -14,7 +14,16 @@ from tests.procs.broker import BrokerProcess
 
 pytestmark = pytest.mark.faults
 
-FAST = ("--retry-base", "0.1", "--tx-scan-interval", "0.3", "--tx-check-after", "0.5", "--deliver-timeout", "2")
+FAST = (
+    "--retry-base",
+    "0.1",
+    "--tx-scan-interval",
+    "0.3",
+    "--tx-check-after",
+    "0.5",
+    "--deliver-timeout",
+    "2",
+)
 
 
 async def send_until_stored(producer: Producer, message: Message) -> None:
@@ -30,15 +39,23 @@ async def send_until_stored(producer: Producer, message: Message) -> None:
 
 async def test_sigkill_mid_load_loses_nothing_acked(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
-    broker = BrokerProcess(tmp_path, registry, extra=(*FAST, "--delivery-log", str(tmp_path / "delivery.log")))
+    broker = BrokerProcess(
+        tmp_path, registry, extra=(*FAST, "--delivery-log", str(tmp_path / "delivery.log"))
+    )
     await broker.start()
     groups = {"ledger": RecordingListener(), "mailer": RecordingListener()}
     acked: list[str] = []
     try:
-        async with Consumer(registry, group="ledger", bindings=[Binding.fanout("pay")], listener=groups["ledger"]), \
-                Consumer(registry, group="mailer", bindings=[Binding.direct("pay", "ok", watermark=20)],
-                         listener=groups["mailer"]), \
-                Producer(registry, group="shop", topics=["pay"], send_timeout=2) as producer:
+        async with (
+            Consumer(registry, group="ledger", bindings=[Binding.fanout("pay")], listener=groups["ledger"]),
+            Consumer(
+                registry,
+                group="mailer",
+                bindings=[Binding.direct("pay", "ok", watermark=20)],
+                listener=groups["mailer"],
+            ),
+            Producer(registry, group="shop", topics=["pay"], send_timeout=2) as producer,
+        ):
             await broker.wait_bindings(2)
             killed = False
             for i in range(600):
@@ -50,8 +67,11 @@ async def test_sigkill_mid_load_loses_nothing_acked(tmp_path: Path) -> None:
                     killed = True
                     await broker.start()
             try:
-                await wait_until(lambda: all(set(acked) <= g.acked_ids for g in groups.values()), timeout=60,
-                                 what="every acked message acked by every bound group")
+                await wait_until(
+                    lambda: all(set(acked) <= g.acked_ids for g in groups.values()),
+                    timeout=60,
+                    what="every acked message acked by every bound group",
+                )
             except AssertionError:
                 missing = {name: len(set(acked) - g.acked_ids) for name, g in groups.items()}
                 raise AssertionError(f"missing acks per group: {missing}") from None
@@ -73,13 +93,18 @@ async def test_restart_resumes_unfinished_deliveries_only_to_groups_that_did_not
             async with Producer(registry, group="p", topics=["t"]) as producer:
                 await producer.registry.put_bindings("late", "t", [Binding.direct("t", "x")])
                 await broker.wait_bindings(2)
-                ids = {r.message_id for r in await producer.send_many([Message("t", "x", b"m") for _ in range(100)])}
+                ids = {
+                    r.message_id
+                    for r in await producer.send_many([Message("t", "x", b"m") for _ in range(100)])
+                }
             await wait_until(lambda: early.acked_ids == ids, what="the online group")
             assert await broker.stop() == 0
             before = len(early.deliveries)
             await broker.start()
             async with Consumer(registry, group="late", bindings=[Binding.direct("t", "x")], listener=late):
-                await wait_until(lambda: late.acked_ids == ids, timeout=30, what="the offline group after restart")
+                await wait_until(
+                    lambda: late.acked_ids == ids, timeout=30, what="the offline group after restart"
+                )
                 await trio.sleep(1.0)
             assert len(early.deliveries) == before, "nothing redelivered to the group that had acked"
     finally:
@@ -101,8 +126,10 @@ async def test_tx_decision_and_backscan_survive_a_restart(tmp_path: Path) -> Non
     await broker.start()
     listener, checker = RecordingListener(), CommitAll()
     try:
-        async with Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener), \
-                Producer(registry, group="p", topics=["t"], check_listener=checker) as producer:
+        async with (
+            Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener),
+            Producer(registry, group="p", topics=["t"], check_listener=checker) as producer,
+        ):
             await broker.wait_bindings(1)
 
             async def restart_then_commit(message: Message) -> bool:
@@ -118,8 +145,11 @@ async def test_tx_decision_and_backscan_survive_a_restart(tmp_path: Path) -> Non
             await producer.send(forgotten)
             assert await broker.stop() == 0
             await broker.start()
-            await wait_until(lambda: forgotten.message_id in listener.acked_ids, timeout=30,
-                             what="back-scan after restart to commit it")
+            await wait_until(
+                lambda: forgotten.message_id in listener.acked_ids,
+                timeout=30,
+                what="back-scan after restart to commit it",
+            )
             assert forgotten.message_id in checker.asked
     finally:
         await broker.stop()

@@ -10,14 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
 import trio
 
 from tests.services.ports import free_port, wait_for_port
 
 
 class BrokerProcess:
-    def __init__(self, workdir: Path, registry: str, *, store: str | None = None, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, workdir: Path, registry: str, *, store: str | None = None, extra: tuple[str, ...] = ()
+    ) -> None:
         self.workdir = workdir
         self.registry = registry
         self.store = store or f"file://{workdir}/store?fsync=batch"
@@ -32,9 +33,20 @@ class BrokerProcess:
         return f"127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        command = [sys.executable, "-m", "kiteq.cli.server", "--bind", self.address,
-                   "--admin-bind", f"127.0.0.1:{self.admin_port}",
-                   "--store", self.store, "--registry", self.registry, *self.extra]
+        command = [
+            sys.executable,
+            "-m",
+            "kiteq.cli.server",
+            "--bind",
+            self.address,
+            "--admin-bind",
+            f"127.0.0.1:{self.admin_port}",
+            "--store",
+            self.store,
+            "--registry",
+            self.registry,
+            *self.extra,
+        ]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, cwd=self.workdir, env={**os.environ}, stderr=log)
         await trio.to_thread.run_sync(wait_for_port, self.port)

@@ -39,5 +39,6 @@ if __name__ == "__main__":
     parser.add_argument("--type", default="x")
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--watermark", type=int, default=100)
+    parser.add_argument("--delivery-log")
     configure_logging("warning")
     trio.run(main, parser.parse_args(sys.argv[1:]))
