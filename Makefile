@@ -15,10 +15,13 @@ $(STAMP): setup.cfg pyproject.toml
 run: $(STAMP)
 	$(VENV)/bin/kiteq-server $(ARGS)
 
-# ZooKeeper and MariaDB come from Debian's packages; tests start their own instances.
+# ZooKeeper, MariaDB and Chromium (the dashboard test) come from Debian's packages;
+# tests start their own instances.
 services:
-	@if ! test -f /usr/share/java/zookeeper.jar || ! command -v mariadbd >/dev/null; then \
-		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q zookeeper mariadb-server; \
+	@if ! test -f /usr/share/java/zookeeper.jar || ! command -v mariadbd >/dev/null \
+			|| ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			zookeeper mariadb-server chromium chromium-driver; \
 	fi
 
 test: $(STAMP) services

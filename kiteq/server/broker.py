@@ -157,10 +157,11 @@ class Broker:
     async def _register(self) -> None:
         # One at a time, so `run` returns from here only once the node is written and two
         # bindings changes in a row cannot reach the registry in the wrong order.
-        topics = tuple(sorted(set(self.config.server.topics) | set(self.router.topics)))
-        if topics != self.served_topics:
-            self.served_topics = topics
-            await self.registry.register_server(self.address, topics)
+        async with self._registering:
+            topics = tuple(sorted(set(self.config.server.topics) | set(self.router.topics)))
+            if topics != self.served_topics:
+                await self.registry.register_server(self.address, topics)
+                self.served_topics = topics
 
     async def _unregister(self) -> None:
         with trio.move_on_after(5):

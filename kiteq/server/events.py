@@ -1,13 +1,15 @@
 """Where the broker reports what happened to a message: counters, delivery log, debug log.
 
 One call site per lifecycle step (`events.emit("acked", entity, group=g)`) feeds the
-Prometheus counters, the delivery log (when enabled) and structlog at debug level.
+counters (which /stats and /metrics read), the delivery log (when enabled), the
+observers (the admin's latency histograms) and structlog at debug level.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 
 import structlog
 
@@ -16,6 +18,10 @@ from stores.entity import MessageEntity
 
 log = structlog.get_logger("kiteq.message")
 
+# Called with (event, entity, fields) on every emit, in the broker's Trio thread; it
+# runs on the hot path, so it must be cheap and must not raise.
+Observer = Callable[[str, MessageEntity, dict[str, object]], None]
+
 
 class Events:
     def __init__(self, delivery_log: DeliveryLog | None = None) -> None:
@@ -23,11 +29,14 @@ class Events:
         # (event, topic, group) -> count; group is "" for events without one.
         self.counts: Counter[tuple[str, str, str]] = Counter()
         self.debug = log.is_enabled_for(logging.DEBUG)
+        self.observers: list[Observer] = []
 
     def emit(self, event: str, entity: MessageEntity, **fields: object) -> None:
         self.counts[(event, entity.topic, fields.get("group", ""))] += 1  # type: ignore[index]
         if self.delivery_log is not None:
             self.delivery_log.emit(event, entity, **fields)
+        for observer in self.observers:
+            observer(event, entity, fields)
         if self.debug:
             log.debug(f"message.{event}", message_id=entity.message_id, topic=entity.topic, **fields)
 

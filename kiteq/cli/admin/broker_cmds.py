@@ -1,17 +1,24 @@
-"""`kiteq-admin stats|dlq …`: commands for a running broker, through its admin endpoint."""
+"""`kiteq-admin stats|top|dlq …`: commands for a running broker, through its admin endpoint."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
+import time
 from typing import Any
 
 import httpx
 
-from kiteq.cli.admin.output import emit, say
+from kiteq.cli.admin.output import emit, format_table, say
 from kiteq.errors import KiteQError
 
 TIMEOUT = 10.0
+# Home the cursor and clear the screen: a full redraw per frame, no curses needed.
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+FAILED_EVENTS = ("nacked", "timeout")
+TOP_COLUMNS = ["group", "conns", "delivered/s", "acked/s", "failed/s", "inflight", "queued", "backlog"]
 
 
 class AdminError(KiteQError):
@@ -40,28 +47,107 @@ def call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any
 
 def stats(args: argparse.Namespace) -> None:
     data = call(args, "GET", "/stats")
-    store = data["store"]
+    store, registry, dead = data["store"], data["registry"], data["dead_letters"]
     rows = [
         {"what": "address", "value": data["address"]},
-        {"what": "uptime s", "value": round(data["uptime"], 1)},
-        {"what": "connections", "value": data["connections"]},
-        {"what": "groups", "value": ", ".join(f"{g}={n}" for g, n in sorted(data["groups"].items()))},
-        {
-            "what": "registry",
-            "value": f"{data['registry']['uri']} ({'up' if data['registry']['connected'] else 'DOWN'})",
-        },
+        {"what": "uptime", "value": _duration(data["uptime"])},
+        {"what": "connections", "value": data["connections"]["total"]},
+        {"what": "registry", "value": f"{registry['uri']} ({registry['state']})"},
         {"what": "stored messages", "value": store["messages"]},
         {"what": "uncommitted", "value": store["uncommitted"]},
-        {"what": "dead letters", "value": store["dead"]},
+        {"what": "dead letters", "value": _with_parts(dead["total"], dead["by_reason"])},
     ]
     rows += [
         {
-            "what": f"lane {lane['group']}/{lane['topic']}",
+            "what": f"group {group}",
+            "value": f"connections {row['connections']} inflight {row['inflight']} queued {row['queued']} "
+            f"backlog {row['backlog']} acked {row['events'].get('acked', 0)}",
+        }
+        for group, row in data["groups"].items()
+    ]
+    rows += [
+        {
+            "what": f"lane {lane['group']}/{lane['topic']}/{lane['message_type']}",
             "value": f"inflight {lane['inflight']}/{lane['watermark']} queued {lane['queued']}",
         }
         for lane in data["lanes"]
     ]
     emit(args, rows, data=data, columns=["what", "value"])
+
+
+def _duration(seconds: float) -> str:
+    whole = int(seconds)
+    hours, minutes = whole // 3600, whole % 3600 // 60
+    return f"{hours}h {minutes}m" if hours else f"{minutes}m {whole % 60}s" if minutes else f"{whole}s"
+
+
+def _with_parts(total: int, parts: dict[str, int]) -> str:
+    return f"{total} ({', '.join(f'{k} {v}' for k, v in sorted(parts.items()))})" if parts else str(total)
+
+
+def _rate(now: dict[str, int], before: dict[str, int], seconds: float, events: tuple[str, ...]) -> float:
+    if seconds <= 0:
+        return 0.0
+    delta = sum(now.get(event, 0) - before.get(event, 0) for event in events)
+    return round(max(0, delta) / seconds, 1)
+
+
+def top_rows(previous: dict[str, Any], current: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per group: rates are the counters' growth between the two snapshots per second."""
+    seconds = current["uptime"] - previous["uptime"]
+    rows = []
+    for group, row in current["groups"].items():
+        before = previous["groups"].get(group, {}).get("events", {})
+        rows.append(
+            {
+                "group": group,
+                "conns": row["connections"],
+                "delivered/s": _rate(row["events"], before, seconds, ("delivered",)),
+                "acked/s": _rate(row["events"], before, seconds, ("acked",)),
+                "failed/s": _rate(row["events"], before, seconds, FAILED_EVENTS),
+                "inflight": row["inflight"],
+                "queued": row["queued"],
+                "backlog": row["backlog"],
+            }
+        )
+    return rows
+
+
+def _top_frame(previous: dict[str, Any], current: dict[str, Any]) -> str:
+    seconds = current["uptime"] - previous["uptime"]
+    registry = current["registry"]
+    header = "  ".join(
+        (
+            f"kiteq {current['address']}",
+            f"up {_duration(current['uptime'])}",
+            f"registry {registry['state']}",
+            f"connections {current['connections']['total']}",
+            f"stored/s {_rate(current['events'], previous['events'], seconds, ('stored',))}",
+            f"backlog {sum(current['store']['backlog_by_topic'].values())}",
+            f"dead {current['dead_letters']['total']}",
+        )
+    )
+    rows = top_rows(previous, current)
+    return header + "\n\n" + (format_table(rows, TOP_COLUMNS) if rows else "no groups connected or bound")
+
+
+def top(args: argparse.Namespace) -> None:
+    """Redraw per-group rates, in-flight and backlog every --interval seconds."""
+    frames = 1 if args.once else args.iterations
+    redraw = sys.stdout.isatty() and not args.json
+    previous = call(args, "GET", "/stats")
+    shown = 0
+    while not frames or shown < frames:
+        time.sleep(args.interval)
+        current = call(args, "GET", "/stats")
+        if args.json:
+            print(
+                json.dumps({"address": current["address"], "groups": top_rows(previous, current)}), flush=True
+            )
+        else:
+            print((CLEAR_SCREEN if redraw else "") + _top_frame(previous, current) + "\n", flush=True)
+        previous = current
+        shown += 1
 
 
 def _selection(args: argparse.Namespace) -> dict[str, str]:
@@ -95,6 +181,13 @@ def _mutate(args: argparse.Namespace, action: str) -> None:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser("stats", help="a running broker's state (via --admin)")
     parser.set_defaults(func=stats)
+    live = subparsers.add_parser("top", help="a live view of a running broker's groups (via --admin)")
+    live.add_argument("--interval", type=_positive, default=1.0, help="seconds between frames (default 1)")
+    live.add_argument(
+        "--iterations", type=int, default=0, metavar="N", help="stop after N frames (default: never)"
+    )
+    live.add_argument("--once", action="store_true", help="print one frame and exit")
+    live.set_defaults(func=top)
     dlq = subparsers.add_parser("dlq", help="a running broker's dead-letter queue (via --admin)")
     actions = dlq.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
     for name, func, about in (
@@ -113,3 +206,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         else:
             action.add_argument("--all", action="store_true", help="every dead letter matching (or all)")
         action.set_defaults(func=func)
+
+
+def _positive(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return number

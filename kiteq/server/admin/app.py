@@ -1,23 +1,34 @@
 """The admin HTTP API as a small ASGI app (no framework: a handful of routes).
 
+GET  /                    the dashboard (static/index.html, polling /stats and /dlq)
+GET  /static/<file>       the dashboard's script and style sheet
 GET  /healthz             liveness
 GET  /stats               JSON snapshot of the broker
+GET  /metrics             Prometheus text format
 GET  /dlq?topic=&group=&reason=&limit=
 POST /dlq/redrive         JSON {"message_id"?, "topic"?, "group"?, "reason"?}
 POST /dlq/purge           same selection; an empty selection needs {"all": true}
 
-Mutating routes require `Authorization: Bearer <admin_token>` when a token is set.
+Mutating routes require `Authorization: Bearer <admin_token>` when a token is set, and
+a JSON content type: a page on another origin cannot send that without a CORS
+preflight, which this app never grants, so a browser cannot be tricked into purging.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
+from prometheus_client import CONTENT_TYPE_LATEST
+
 from kiteq.server.admin import dlq
+from kiteq.server.metrics import BrokerMetrics
 
 if TYPE_CHECKING:
     from kiteq.server.broker import Broker
@@ -25,6 +36,25 @@ if TYPE_CHECKING:
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+STATIC_TYPES = {
+    ".html": b"text/html; charset=utf-8",
+    ".js": b"text/javascript; charset=utf-8",
+    ".css": b"text/css; charset=utf-8",
+}
+# Only plain names of the package's own files: no path can climb out of static/.
+STATIC_NAME = re.compile(r"[a-z0-9_-]+\.(html|js|css)")
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: bytes = b"application/json"
+
+
+def json_response(status: int, payload: object) -> Response:
+    return Response(status, json.dumps(payload, default=str).encode())
 
 
 class HttpError(Exception):
@@ -36,6 +66,7 @@ class HttpError(Exception):
 class AdminApp:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
+        self.metrics = BrokerMetrics(broker.events)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -44,32 +75,37 @@ class AdminApp:
         if scope["type"] != "http":
             return
         try:
-            status, payload = await self._route(scope, receive)
+            response = await self._route(scope, receive)
         except HttpError as exc:
-            status, payload = exc.status, {"error": str(exc)}
-        await _respond(send, status, payload)
+            response = json_response(exc.status, {"error": str(exc)})
+        await _respond(send, response)
 
-    async def _route(self, scope: Scope, receive: Receive) -> tuple[int, object]:
+    async def _route(self, scope: Scope, receive: Receive) -> Response:
         method, path = scope["method"], scope["path"]
         query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
         store = self.broker.store
+        if method == "GET" and (path == "/" or path.startswith("/static/")):
+            return _static(path.removeprefix("/static/") if path != "/" else "index.html")
         if (method, path) == ("GET", "/healthz"):
-            return 200, {"status": "ok", "address": self.broker.address}
+            return json_response(200, {"status": "ok", "address": self.broker.address})
         if (method, path) == ("GET", "/stats"):
-            return 200, await self.broker.stats()
+            return json_response(200, await self.broker.stats())
+        if (method, path) == ("GET", "/metrics"):
+            text = self.metrics.render(await self.broker.stats())
+            return Response(200, text, CONTENT_TYPE_LATEST.encode())
         if (method, path) == ("GET", "/dlq"):
-            limit = int(query.get("limit", "100"))
-            return 200, await dlq.list_dead(store, _selection(query), limit)
+            limit = _int(query.get("limit", "100"), "limit")
+            return json_response(200, await dlq.list_dead(store, _selection(query), limit))
         if method == "POST" and path in ("/dlq/redrive", "/dlq/purge"):
             self._authorize(scope)
-            body = await _json_body(receive)
+            body = await _json_body(scope, receive)
             selection = _selection(body)
             if selection == dlq.DeadFilter() and not body.get("all"):
                 raise HttpError(400, 'an empty selection applies to every dead letter: send {"all": true}')
             if path == "/dlq/redrive":
                 count = await dlq.redrive(store, self.broker.dispatcher, self.broker.events, selection)
-                return 200, {"redriven": count}
-            return 200, {"purged": await dlq.purge(store, selection)}
+                return json_response(200, {"redriven": count})
+            return json_response(200, {"purged": await dlq.purge(store, selection)})
         raise HttpError(404, f"no route {method} {path}")
 
     def _authorize(self, scope: Scope) -> None:
@@ -82,6 +118,13 @@ class AdminApp:
             raise HttpError(401, "this route needs Authorization: Bearer <admin_token>")
 
 
+def _int(value: str, name: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise HttpError(400, f"{name} must be an integer, not {value!r}") from None
+
+
 def _selection(values: dict[str, Any]) -> dlq.DeadFilter:
     return dlq.DeadFilter(
         message_id=str(values.get("message_id", "")),
@@ -91,7 +134,21 @@ def _selection(values: dict[str, Any]) -> dlq.DeadFilter:
     )
 
 
-async def _json_body(receive: Receive) -> dict[str, Any]:
+def _static(name: str) -> Response:
+    """A file of the dashboard, from package data (works from a wheel as from the source tree)."""
+    if not STATIC_NAME.fullmatch(name):
+        raise HttpError(404, f"no static file {name!r}")
+    try:
+        data = resources.files(__package__).joinpath("static", name).read_bytes()
+    except FileNotFoundError:
+        raise HttpError(404, f"no static file {name!r}") from None
+    return Response(200, data, STATIC_TYPES[name[name.rindex(".") :]])
+
+
+async def _json_body(scope: Scope, receive: Receive) -> dict[str, Any]:
+    content_type = dict(scope.get("headers", [])).get(b"content-type", b"")
+    if content_type.split(b";")[0].strip().lower() != b"application/json":
+        raise HttpError(415, "send the body as JSON with Content-Type: application/json")
     chunks = []
     while True:
         event = await receive()
@@ -110,16 +167,14 @@ async def _json_body(receive: Receive) -> dict[str, Any]:
     return body
 
 
-async def _respond(send: Send, status: int, payload: object) -> None:
-    data = json.dumps(payload, default=str).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": data})
+async def _respond(send: Send, response: Response) -> None:
+    headers = [
+        (b"content-type", response.content_type),
+        (b"content-length", str(len(response.body)).encode()),
+        (b"cache-control", b"no-store"),
+    ]
+    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.body", "body": response.body})
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:
