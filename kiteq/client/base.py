@@ -20,6 +20,10 @@ from protocol import Frame
 
 log = structlog.get_logger(__name__)
 
+# Bounds the final flush of queued acks and tx decisions on exit; on loopback or a LAN
+# it takes milliseconds, so this only matters when a broker stopped reading.
+FLUSH_TIMEOUT = 5.0
+
 
 class Client:
     """An async context manager owning one nursery in which all its tasks run."""
@@ -80,11 +84,15 @@ class Client:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self._stopping()
-        self.nursery.cancel_scope.cancel()
-        assert self._stack is not None
-        await self._stack.aclose()
-        self._nursery = None
+        """Finish work in flight, flush what is queued for the brokers, then disconnect."""
+        try:
+            await self._stopping()
+            await self.pool.close(FLUSH_TIMEOUT)
+        finally:
+            self.nursery.cancel_scope.cancel()
+            assert self._stack is not None
+            await self._stack.aclose()
+            self._nursery = None
 
     async def _started(self) -> None:
         """Hook: publish what this client is in the registry."""

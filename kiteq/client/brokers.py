@@ -122,6 +122,12 @@ class BrokerPool:
                 await self._changed.wait()
         return None
 
+    async def close(self, timeout: float) -> None:
+        """Flush every connection's queued frames (in parallel), each bounded by `timeout`."""
+        async with trio.open_nursery() as nursery:
+            for connection in list(self.connections.values()):
+                nursery.start_soon(connection.close, timeout)
+
     async def wait_connected(self, timeout: float) -> bool:
         """True once every topic has a live broker connection (or False after `timeout`)."""
         with trio.move_on_after(timeout):

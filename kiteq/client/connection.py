@@ -63,6 +63,7 @@ class ClientConnection:
         self.framed: FramedStream | None = None
         self._waiters: dict[int, _Waiter] = {}
         self._opaques = itertools.cycle(range(1, 2**32))
+        self._flushed = trio.Event()
         self.log = log.bind(broker=address, group=credentials.group)
 
     @property
@@ -73,27 +74,50 @@ class ClientConnection:
         """Connect, authenticate, then serve until the connection ends.
 
         `task_status.started(self)` fires once authenticated. Raises AuthError if the
-        broker refuses us, OSError if it cannot be reached; returns when it hangs up.
+        broker refuses us, OSError if it cannot be reached, ConnectionClosed if it hangs
+        up during the handshake; returns when it hangs up later.
         """
         host, _, port = self.address.rpartition(":")
         with trio.fail_after(CONNECT_TIMEOUT):
             stream = await trio.open_tcp_stream(host, int(port))
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
         self.framed = FramedStream(stream, self.max_body)
+        authenticated = False
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.framed.write_loop)
+                nursery.start_soon(self._write)
                 nursery.start_soon(self._read_then_stop, nursery.cancel_scope)
                 await self._handshake()
                 task_status.started(self)
+                authenticated = True
                 await self._heartbeat()
                 nursery.cancel_scope.cancel()
+            if not authenticated:  # the reader saw EOF and cancelled the handshake
+                raise ConnectionClosed(f"broker {self.address} hung up during the handshake")
         finally:
             self.framed.finish()
+            self._flushed.set()
             for waiter in self._waiters.values():
                 waiter.event.set()
             self._waiters.clear()
             await trio.aclose_forcefully(stream)
+
+    async def _write(self) -> None:
+        assert self.framed is not None
+        await self.framed.write_loop()
+        self._flushed.set()
+
+    async def close(self, timeout: float) -> None:
+        """Send what is queued (acks, tx decisions), then stop; gives up after `timeout`.
+
+        Cancelling the connection's tasks right away would drop frames still in the
+        outbox: acks the broker would then count as lost and redeliver.
+        """
+        if self.framed is None:
+            return
+        self.framed.finish()
+        with trio.move_on_after(timeout):
+            await self._flushed.wait()
 
     async def _read_then_stop(self, scope: trio.CancelScope) -> None:
         assert self.framed is not None

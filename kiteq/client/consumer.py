@@ -86,6 +86,9 @@ class Consumer(Client):
             return  # not acked: the broker redelivers it (to another consumer) after its timeout
         token = object()
         await self._slots.acquire_on_behalf_of(token)
+        if self._stopping_flag:  # stop began while this delivery waited for a slot
+            self._slots.release_on_behalf_of(token)
+            return
         self._running += 1
         self.nursery.start_soon(self._process, connection, frame.opaque, body, token)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 import trio
@@ -14,7 +15,7 @@ from kiteq.client.listeners import CheckMessageListener
 from kiteq.client.message import Message
 from kiteq.errors import ConnectionClosed, SendError
 from kiteq.registry import Registry
-from protocol import Cmd, Frame, TxStatus, pb
+from protocol import MESSAGE_CMDS, Cmd, Frame, TxStatus, pb
 
 log = structlog.get_logger(__name__)
 
@@ -96,6 +97,14 @@ class Producer(Client):
         self._log("sent", message, broker=connection.address)
         return connection
 
+    async def send_string(self, topic: str, message_type: str, text: str, **options: Any) -> str:
+        """Send a StringMessage; `options` are Message fields (properties, ttl, deliver_limit, fly…)."""
+        return await self.send(Message(topic, message_type, text, **options))
+
+    async def send_bytes(self, topic: str, message_type: str, body: bytes, **options: Any) -> str:
+        """Send a BytesMessage; `options` as for `send_string`."""
+        return await self.send(Message(topic, message_type, bytes(body), **options))
+
     async def send_many(self, messages: Sequence[Message]) -> list[SendResult]:
         """Send all at once, pipelined (many requests in flight); one result per message, in order."""
         results: list[SendResult | None] = [None] * len(messages)
@@ -120,17 +129,26 @@ class Producer(Client):
         sent (the broker went away), the broker asks this group's CheckMessageListener
         later; the returned status is the decision taken.
         """
-        message.commit = False
-        connection = await self._store(message)
+        connection = await self._begin_tx(message)
         try:
             committed = bool(await local_tx(message))
         except BaseException:
-            await self._decide(connection, message, TxStatus.ROLLBACK, "local transaction raised")
+            await self._end_tx(connection, message, committed=False, feedback="local transaction raised")
             raise
+        return await self._end_tx(connection, message, committed=committed)
+
+    async def _begin_tx(self, message: Message) -> ClientConnection:
+        """Store the message uncommitted (send_tx's first half; kiteq.sync runs local_tx between)."""
+        message.commit = False
+        return await self._store(message)
+
+    async def _end_tx(
+        self, connection: ClientConnection, message: Message, *, committed: bool, feedback: str = ""
+    ) -> TxStatus:
+        """Send the decision (send_tx's second half); the status decided."""
         status = TxStatus.COMMIT if committed else TxStatus.ROLLBACK
-        await self._decide(
-            connection, message, status, "local transaction " + ("committed" if committed else "rolled back")
-        )
+        feedback = feedback or "local transaction " + ("committed" if committed else "rolled back")
+        await self._decide(connection, message, status, feedback)
         return status
 
     async def _decide(
@@ -159,6 +177,15 @@ class Producer(Client):
     # -- the broker's questions -------------------------------------------------------------
 
     async def _on_request(self, connection: ClientConnection, frame: Frame, body: object) -> None:
+        if frame.cmd in MESSAGE_CMDS:
+            # The broker delivers a group's messages on any connection of that group.
+            log.warning(
+                "producer.got_delivery",
+                group=self.group,
+                detail="a Consumer uses this group too; give the Producer its own group, or "
+                "deliveries sent here wait for the broker's deliver timeout and come back later",
+            )
+            return
         if frame.cmd is not Cmd.TX_ACK:
             log.warning("producer.unexpected_request", cmd=frame.cmd.name)
             return
