@@ -42,7 +42,7 @@ async def test_slow_group_never_exceeds_its_watermark_and_fast_group_is_not_slow
 async def test_failing_listener_gets_four_deliveries_with_growing_gaps(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
     listener = RecordingListener(fail=lambda m: m.deliver_count <= 3)
-    options = {**FAST, "retry_base": 0.2, "retry_jitter": "none"}
+    options = {**FAST, "retry_base": 0.4, "retry_max": 4.0, "retry_jitter": "none"}
     async with (
         running_broker(tmp_path, delivery=options),
         Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener),
@@ -54,7 +54,7 @@ async def test_failing_listener_gets_four_deliveries_with_growing_gaps(tmp_path:
     assert len(times) == 4
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert gaps[0] < gaps[1] < gaps[2], f"gaps should grow: {gaps}"
-    assert gaps[0] >= 0.2 * 0.9
+    assert gaps[0] >= 0.4 * 0.9
 
 
 async def test_always_failing_message_is_dead_lettered_then_redriven(tmp_path: Path) -> None:
