@@ -132,7 +132,7 @@ async def test_fuzzed_broker_stays_up_and_serves_others(tmp_path: Path) -> None:
                     sent_ids.add(await producer.send(Message("t", "x", b"well-behaved")))
                     await trio.sleep(0.01)
             await wait_until(
-                lambda: listener.acked_ids >= sent_ids, what="the good consumer to get everything"
+                lambda: listener.acked_ids >= sent_ids, timeout=30, what="the good consumer to get everything"
             )
             assert proc.poll() is None, "the broker is still running"
             grown = rss_kib(proc.pid) - baseline
