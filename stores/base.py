@@ -8,7 +8,7 @@ Contract (checked by tests/contract/, which every store passes unchanged):
 - State changes on an unknown id are no-ops that return False (or None), never errors:
   a message may have been finished or rolled back by a racing decision.
 - A rolled-back message is gone: a later `commit` of it returns False.
-- `page_*` calls return at most `limit` entities in a stable order and a cursor; pass
+- `page_*` calls (limit >= 1) return at most `limit` entities in a stable order and a cursor; pass
   the cursor back as `after` for the next page; a None cursor means the end.
   Paged entities are complete (body included): the broker delivers straight
   from a page.

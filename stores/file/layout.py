@@ -1,0 +1,113 @@
+"""Names and headers of the files in a store directory.
+
+    LOCK                  held with flock by the process that has the store open
+    0000000001.seg        data segments: MESSAGE records, appended, never rewritten
+    0000000001.log        operation log of one generation: state changes since its snapshot
+    0000000002.snap       the index as it was when generation 2 began (written by compaction)
+    *.tmp                 a snapshot being written; left over only by a crash, then deleted
+
+Every file starts with a FILE_HEAD record naming its kind and number, so a file
+that was renamed or copied into the wrong place is refused, not misread.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stores.file import records
+from stores.file.records import RecordType
+
+FORMAT_VERSION = 1
+LOCK_NAME = "LOCK"
+SEGMENT = "seg"
+LOG = "log"
+SNAPSHOT = "snap"
+_HEAD = struct.Struct("<4sIH")
+_KIND_TAGS = {SEGMENT: b"SEG ", LOG: b"LOG ", SNAPSHOT: b"SNAP"}
+_NAME = re.compile(r"^(\d{10})\.(seg|log|snap)$")
+IOV_MAX = os.sysconf("SC_IOV_MAX")
+
+
+def path_of(directory: Path, kind: str, number: int) -> Path:
+    return directory / f"{number:010d}.{kind}"
+
+
+def file_head(kind: str, number: int) -> bytes:
+    """The FILE_HEAD record every file of `kind` number `number` starts with."""
+    return records.encode(RecordType.FILE_HEAD, _HEAD.pack(_KIND_TAGS[kind], number, FORMAT_VERSION))
+
+
+HEAD_SIZE = len(file_head(SEGMENT, 0))
+
+
+def head_problem(data: bytes, kind: str, number: int) -> str | None:
+    """Why `data` does not start with the right FILE_HEAD, or None when it does."""
+    found = records.check(data, 0, len(data))
+    if isinstance(found, str):
+        return f"no file header ({found})"
+    rtype, length = found
+    if rtype != RecordType.FILE_HEAD or length != _HEAD.size:
+        return "no file header"
+    tag, found_number, version = _HEAD.unpack_from(data, records.HEADER_SIZE)
+    if tag != _KIND_TAGS[kind] or found_number != number:
+        return f"file header says {tag.decode(errors='replace').strip()} {found_number}, expected {kind} {number}"
+    if version != FORMAT_VERSION:
+        return f"format version {version} is not supported (this build reads version {FORMAT_VERSION})"
+    return None
+
+
+@dataclass
+class Listing:
+    """The numbered files of a store directory, each list ascending."""
+
+    segments: list[int] = field(default_factory=list)
+    logs: list[int] = field(default_factory=list)
+    snapshots: list[int] = field(default_factory=list)
+    temporary: list[Path] = field(default_factory=list)
+
+
+def list_files(directory: Path) -> Listing:
+    listing = Listing()
+    lists = {SEGMENT: listing.segments, LOG: listing.logs, SNAPSHOT: listing.snapshots}
+    for entry in os.scandir(directory):
+        if entry.name.endswith(".tmp"):
+            listing.temporary.append(Path(entry.path))
+            continue
+        match = _NAME.match(entry.name)
+        if match:
+            lists[match.group(2)].append(int(match.group(1)))
+    for numbers in lists.values():
+        numbers.sort()
+    return listing
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make creations, renames and deletions in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, chunks: list[bytes], offset: int) -> int:
+    """pwritev every chunk at `offset` (IOV_MAX at a time, partial writes resumed); bytes written."""
+    total = 0
+    pending = list(chunks)
+    while pending:
+        group = pending[:IOV_MAX]
+        want = sum(len(chunk) for chunk in group)
+        done = os.pwritev(fd, group, offset + total)
+        total += done
+        if done == want:
+            del pending[: len(group)]
+            continue
+        # A short write: drop what was written, keep the rest of the chunk it stopped in.
+        while done >= len(pending[0]):
+            done -= len(pending.pop(0))
+        pending[0] = pending[0][done:]
+    return total

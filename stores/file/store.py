@@ -1,0 +1,515 @@
+"""`file:///path/dir` — segmented append-only files of TLV records, with group commit.
+
+Layout (see layout.py): data segments hold MESSAGE records (the whole entity as
+saved); the operation log holds every later state change (commit, rollback,
+delivery result, finish, dead-letter, redrive, purge), each naming the record it
+changes; snapshots let the log start over. In memory there is only the index
+(index.py): id -> (segment, offset, state). Bodies are read from disk by `get`
+and the pages, through a small LRU of recent payloads.
+
+Durability, by `fsync` mode (default batch). Every call that waits returns only
+after its records were handed to the OS by the writer thread, so a crash of the
+*process* (SIGKILL, OOM) loses nothing any call returned for; the modes differ
+in what survives a crash of the *machine* (power loss, kernel panic):
+
+- `always`: every call that changes state returns after an fsync covering it
+  (concurrent calls still share one fsync). A machine crash loses nothing returned.
+- `batch`: `save`, `commit`, `rollback`, `dead_letter`, `redrive` and `purge`
+  return after the shared fsync of their batch (group commit). `update_delivery`
+  and `finish` return at once and are written with the next batch and fsynced
+  with the next durable one: a machine crash can lose the last of them, so a
+  message may be delivered again (at-least-once holds) or a finished message
+  come back (to be finished again).
+- `never`: nothing is fsynced except when a segment is sealed, at compaction and
+  at close. A machine crash can lose recent saves and changes, and may leave
+  damage mid-file that needs `?repair=true`.
+
+What a crash leaves is repaired at start (recovery.py): a torn tail of the last
+segment or log is truncated; damage anywhere else stops the store with
+StoreCorrupted unless `repair=true`.
+
+Space: a data segment in which no message is live or dead any more (all finished,
+rolled back or purged) is deleted once the ops that emptied it are on disk; the
+log is compacted into a snapshot when it outgrows both `compact_bytes` and the
+index's size. Only one process may open a directory (LOCK, flock).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Self
+
+import structlog
+import trio
+
+from stores.base import Cursor, MessageStore, Page, StoreStats
+from stores.entity import MessageEntity
+from stores.errors import StoreError, StoreUnavailable
+from stores.file import layout, records
+from stores.file.cache import PayloadCache
+from stores.file.index import Entry, Index
+from stores.file.lock import DirectoryLock
+from stores.file.messages import decode_message, encode_message
+from stores.file.ops import Op, encode_op
+from stores.file.options import FileStoreOptions, parse_uri
+from stores.file.records import RecordType
+from stores.file.recovery import Recovered, recover
+from stores.file.segment import Segment
+from stores.file.snapshot import Snapshot
+from stores.file.writer import Batch, FsyncMode, Writer
+
+log = structlog.get_logger(__name__)
+
+# Decisions: durable when they return in batch mode. The others are logged lazily.
+DECISIONS = frozenset(
+    {RecordType.COMMIT, RecordType.ROLLBACK, RecordType.DEAD, RecordType.REDRIVE, RecordType.PURGE}
+)
+REMOVALS = frozenset({RecordType.ROLLBACK, RecordType.FINISH, RecordType.PURGE})
+# Log bytes per live entry a snapshot costs about (id, packed entry, framing).
+SNAPSHOT_BYTES_PER_ENTRY = 96
+# A snapshot is also taken once this many segments (or index sizes) of data were written
+# since the last one: crash recovery then reads at most about that much data.
+DATA_PER_SNAPSHOT = 4
+
+
+class FileStore(MessageStore):
+    """The durable store of a single broker; see the module docstring."""
+
+    durable = True
+
+    def __init__(self, directory: Path, options: FileStoreOptions | None = None, *, uri: str = "") -> None:
+        self.directory = Path(directory)
+        self.options = options or FileStoreOptions()
+        self.uri = uri or f"file://{self.directory}"
+        self._lock = DirectoryLock(self.directory)
+        self._index = Index()
+        self._segments: dict[int, Segment] = {}
+        self._writer: Writer | None = None
+        self._recovered: Recovered | None = None
+        self._cache = PayloadCache(self.options.cache_bytes)
+        self._state = "new"
+        self._compaction_pending = False
+        self._compaction_done = trio.Event()
+        self._snapshot_mark = (0, 0)
+        self._compactions = 0
+        self._reclaimed = 0
+        self._log = log.bind(store=str(self.directory))
+
+    @classmethod
+    def from_uri(cls, uri: str, **options: Any) -> Self:
+        """`file:///dir?fsync=batch&segment_bytes=64MiB&repair=false`; keyword options win."""
+        directory, parsed = parse_uri(uri, options)
+        return cls(directory, parsed, uri=uri)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._state != "new":
+            raise StoreError(f"the file store {self.directory} was already started; open a new FileStore")
+        options = self.options
+        try:
+            if options.read_only:
+                if not self.directory.is_dir():
+                    raise StoreError(f"there is no store at {self.directory}")
+            else:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot open the store directory {self.directory}: {exc}") from exc
+        try:
+            recovered = await trio.to_thread.run_sync(
+                functools.partial(recover, self.directory, repair=options.repair, read_only=options.read_only)
+            )
+        except BaseException:
+            self._lock.release()
+            raise
+        self._recovered = recovered
+        self._snapshot_mark = recovered.high_water
+        self._index = recovered.index
+        self._segments = recovered.segments
+        if not options.read_only:
+            self._segments[recovered.current.number] = recovered.current
+            self._writer = Writer(
+                self.directory,
+                options.fsync,
+                options.segment_bytes,
+                recovered.current,
+                recovered.data_end,
+                recovered.log_generation,
+                recovered.log_fd,
+                recovered.log_size,
+                self._batches_done,
+                self._compacted,
+            )
+        self._state = "open"
+        if self._writer is not None and recovered.repaired:
+            # What repair kept becomes the new truth at once, so the next start needs no repair.
+            self._snapshot(self._writer, "repair")
+
+    async def close(self) -> None:
+        """Write what is pending, snapshot the index and let go of the directory.
+
+        Shielded from cancellation: a cancelled caller must not leave the writer
+        thread working on closed descriptors.
+        """
+        if self._state != "open":
+            if self._state == "new":
+                self._state = "closed"
+            await trio.lowlevel.checkpoint()
+            return
+        self._state = "closing"
+        writer = self._writer
+        with trio.CancelScope(shield=True):
+            try:
+                if writer is not None:
+                    if self._compaction_pending:
+                        await self._compaction_done.wait()
+                    if writer.failure is None and (
+                        writer.log_size > layout.HEAD_SIZE or self._data_since_snapshot(writer) > 0
+                    ):
+                        self._snapshot(
+                            writer, "close"
+                        )  # the next start reads the snapshot, not every segment
+                    await writer.stop()
+            finally:
+                for segment in self._segments.values():
+                    segment.close()
+                self._lock.release()
+                self._state = "closed"
+
+    # -- writes -----------------------------------------------------------------------------
+
+    async def save(self, entity: MessageEntity) -> bool:
+        writer = self._writable()
+        message_id = entity.message_id
+        if message_id in self._index:
+            await self._settle(writer)
+            return False
+        payload = encode_message(entity)
+        record = records.encode(RecordType.MESSAGE, payload)
+        prepared = self._index.prepare(entity)
+        segment, offset, batch = writer.append_message(record, durable=True)
+        if segment.number not in self._segments:
+            self._rotated(segment)
+        self._index.add(message_id, segment.number, offset, len(record), entity, prepared)
+        self._cache.put(message_id, payload)
+        await batch.wait()
+        return True
+
+    async def commit(self, message_id: str) -> bool:
+        return await self._change(Op(RecordType.COMMIT, message_id, 0, 0))
+
+    async def rollback(self, message_id: str) -> bool:
+        return await self._change(Op(RecordType.ROLLBACK, message_id, 0, 0))
+
+    async def update_delivery(
+        self,
+        message_id: str,
+        succ_groups: Iterable[str],
+        fail_groups: Iterable[str],
+        deliver_count: int,
+        next_deliver_at: float,
+    ) -> bool:
+        groups = (tuple(succ_groups), tuple(fail_groups))
+        return await self._change(
+            Op(RecordType.DELIVERY, message_id, 0, 0, deliver_count, next_deliver_at, groups)
+        )
+
+    async def finish(self, message_id: str) -> bool:
+        return await self._change(Op(RecordType.FINISH, message_id, 0, 0))
+
+    async def dead_letter(self, message_id: str, reason: str) -> bool:
+        return await self._change(Op(RecordType.DEAD, message_id, 0, 0, reason=reason))
+
+    async def redrive(self, message_id: str) -> bool:
+        return await self._change(Op(RecordType.REDRIVE, message_id, 0, 0))
+
+    async def purge(self, message_id: str) -> bool:
+        return await self._change(Op(RecordType.PURGE, message_id, 0, 0))
+
+    async def _change(self, op: Op) -> bool:
+        """Apply `op` to the index, log it, and wait as its kind and the fsync mode require."""
+        writer = self._writable()
+        entry = self._index.get(op.message_id)
+        if entry is None:
+            await trio.lowlevel.checkpoint()
+            return False
+        op = op._replace(segment=entry.segment, offset=entry.offset)
+        record = records.encode(op.rtype, encode_op(op))
+        accepted, changed = self._index.apply(op)
+        wait = op.rtype in DECISIONS or writer.mode is FsyncMode.ALWAYS
+        batch: Batch | None = None
+        if changed:
+            batch = writer.append_op(record, durable=wait)
+            if op.rtype in REMOVALS:
+                self._cache.discard(op.message_id)
+                self._reclaim_emptied(writer)
+        elif accepted and wait and not writer.settled():
+            # Nothing new to log, but an earlier change this answer reports may still be in flight.
+            batch = writer.sync()
+        if wait and batch is not None:
+            await batch.wait()
+        else:
+            await trio.lowlevel.checkpoint()
+        return accepted
+
+    async def _settle(self, writer: Writer) -> None:
+        """Wait until everything appended so far is durable (per the mode)."""
+        if writer.settled():
+            await trio.lowlevel.checkpoint()
+        else:
+            await writer.sync().wait()
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def get(self, message_id: str) -> MessageEntity | None:
+        self._readable()
+        while True:
+            entry = self._index.get(message_id)
+            if entry is None:
+                await trio.lowlevel.checkpoint()
+                return None
+            payload = self._cache.get(message_id)
+            if payload is None:
+                (payload,) = await self._read([entry])
+            else:
+                await trio.lowlevel.checkpoint()
+            now = self._index.get(message_id)
+            if now is None:
+                return None
+            if (now.segment, now.offset) == (entry.segment, entry.offset):
+                return self._index.apply_state(decode_message(payload, 0, len(payload)), now)
+
+    async def page_due(self, now: float, after: Cursor | None, limit: int) -> Page:
+        self._readable()
+        return await self._page(self._index.page_due(now, after, _limit(limit) + 1), limit)
+
+    async def page_uncommitted(self, older_than: float, after: Cursor | None, limit: int) -> Page:
+        self._readable()
+        return await self._page(self._index.page_uncommitted(older_than, after, _limit(limit) + 1), limit)
+
+    async def page_dead(self, after: Cursor | None, limit: int) -> Page:
+        self._readable()
+        return await self._page(self._index.page_dead(after, _limit(limit) + 1), limit)
+
+    async def _page(self, ids: list[str], limit: int) -> Page:
+        """Load the entities of the first `limit` ids; the cursor is the last id when more follow."""
+        cursor = ids[limit - 1] if len(ids) > limit else None
+        ids = ids[:limit]
+        entries = {message_id: self._index.get(message_id) for message_id in ids}
+        payloads = {message_id: self._cache.get(message_id) for message_id in ids}
+        missing = [
+            (mid, entry) for mid, entry in entries.items() if entry is not None and payloads[mid] is None
+        ]
+        if missing:
+            read = await self._read([entry for _, entry in missing])
+            payloads.update(zip((message_id for message_id, _ in missing), read, strict=True))
+        else:
+            await trio.lowlevel.checkpoint()
+        items = []
+        for message_id, entry in entries.items():
+            now = self._index.get(message_id)
+            payload = payloads[message_id]
+            if (
+                entry is None
+                or now is None
+                or payload is None
+                or (now.segment, now.offset) != (entry.segment, entry.offset)
+            ):
+                continue  # finished or replaced while the page was read
+            items.append(self._index.apply_state(decode_message(payload, 0, len(payload)), now))
+        return Page(items, cursor)
+
+    async def _read(self, entries: list[Entry]) -> list[bytes]:
+        """The payloads of `entries`, read in one worker thread."""
+        writer = self._writer
+        if writer is not None and not all(writer.is_written(e.segment, e.offset) for e in entries):
+            await writer.sync().wait()
+        segments = [self._segments[entry.segment] for entry in entries]
+        for segment in segments:
+            segment.readers += 1
+        try:
+            return await trio.to_thread.run_sync(
+                _read_payloads, [(s, e.offset, e.length) for s, e in zip(segments, entries, strict=True)]
+            )
+        finally:
+            for segment in segments:
+                segment.readers -= 1
+                segment.close_if_unused()
+
+    def message_ids(self) -> list[str]:
+        """Every stored id (live and dead), sorted: for offline tools that walk the whole store."""
+        self._readable()
+        return sorted(self._index.entries)
+
+    async def get_many(self, message_ids: list[str]) -> list[MessageEntity]:
+        """The entities of `message_ids` that still exist, read in one worker thread."""
+        self._readable()
+        return (await self._page(list(message_ids), max(1, len(message_ids)))).items
+
+    async def stats(self) -> StoreStats:
+        self._readable()
+        live, uncommitted, dead, dead_by_reason, backlog = self._index.counts()
+        await trio.lowlevel.checkpoint()
+        return StoreStats(
+            kind="file",
+            messages=live,
+            uncommitted=uncommitted,
+            dead=dead,
+            dead_by_reason=dead_by_reason,
+            backlog_by_topic=backlog,
+            details=self._details(),
+        )
+
+    def _details(self) -> dict[str, object]:
+        writer, recovered, cache = self._writer, self._recovered, self._cache
+        details: dict[str, object] = {
+            "directory": str(self.directory),
+            "fsync": self.options.fsync.value,
+            "read_only": self.options.read_only,
+            "segments": len(self._segments),
+            "index_entries": len(self._index),
+            "cache_entries": len(cache),
+            "cache_hit_ratio": round(cache.hits / max(1, cache.hits + cache.misses), 3),
+            "segments_reclaimed": self._reclaimed,
+            "compactions": self._compactions,
+        }
+        if recovered is not None:
+            details.update(
+                recovery_seconds=round(recovered.seconds, 3),
+                recovered_records=recovered.records,
+                torn_tails_truncated=recovered.truncated,
+                damage_skipped=recovered.repaired,
+                entries_dropped=recovered.dropped,
+            )
+        if writer is not None:
+            details.update(
+                log_generation=writer.log_generation,
+                log_bytes=writer.log_size,
+                data_end=[writer.segment.number, writer.end],
+                fsyncs=writer.fsyncs,
+                batches=writer.batches,
+                records_per_batch=round(writer.batched_records / max(1, writer.batches), 1),
+                failed=writer.failure is not None,
+            )
+        return details
+
+    # -- housekeeping (Trio thread) ----------------------------------------------------------
+
+    def _rotated(self, segment: Segment) -> None:
+        """Writes moved on to a new segment; the one they left may already be empty."""
+        left = max(self._segments)
+        self._segments[segment.number] = segment
+        if not self._index.segment_live.get(left):
+            self._index.emptied.append(left)
+            self._reclaim_emptied(self._writable())
+
+    def _reclaim_emptied(self, writer: Writer) -> None:
+        index = self._index
+        for number in index.emptied:
+            if number == writer.segment.number or index.segment_live.get(number):
+                continue
+            segment = self._segments.pop(number, None)
+            if segment is not None:
+                writer.reclaim(segment)
+        index.emptied.clear()
+
+    def _batches_done(self, batches: list[Batch]) -> None:
+        for batch in batches:
+            if batch.snapshot is not None and batch.error is not None:
+                self._compacted(batch.snapshot.generation, batch.error, 0.0)  # its compactor never started
+            for segment in batch.reclaim:
+                segment.retired = True
+                segment.close_if_unused()
+                self._reclaimed += 1
+                self._log.debug("store.segment_reclaimed", segment=segment.number)
+        self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
+        """Snapshot when the log outgrows the index, or when recovery would read much data past the last one."""
+        writer = self._writer
+        if writer is None or writer.failure is not None or self._compaction_pending or self._state != "open":
+            return
+        index_bytes = len(self._index) * SNAPSHOT_BYTES_PER_ENTRY
+        log_due = writer.log_size >= max(self.options.compact_bytes, index_bytes)
+        data_due = self._data_since_snapshot(writer) >= DATA_PER_SNAPSHOT * max(
+            self.options.segment_bytes, index_bytes
+        )
+        if log_due or data_due:
+            self._snapshot(writer, "log" if log_due else "data")
+
+    def _data_since_snapshot(self, writer: Writer) -> int:
+        """About how many data bytes recovery reads past the last snapshot's mark."""
+        segment, offset = self._snapshot_mark
+        return (writer.segment.number - segment) * self.options.segment_bytes + writer.end - offset
+
+    def _snapshot(self, writer: Writer, why: str) -> None:
+        """Cut the log here and have the writer save the index as it is now."""
+        index = self._index
+        snapshot = Snapshot(
+            generation=writer.log_generation + 1,
+            high_water=(writer.segment.number, writer.end),
+            entries=dict(index.entries),
+            topics=list(index.topics.values),
+            reasons=list(index.reasons.values),
+            groups=list(index.groups.values),
+        )
+        self._compaction_pending = True
+        self._compaction_done = trio.Event()
+        self._snapshot_mark = snapshot.high_water
+        writer.cut(snapshot)
+        self._log.info(
+            "store.compaction_started",
+            generation=snapshot.generation,
+            why=why,
+            log_bytes=writer.log_size,
+            entries=len(snapshot.entries),
+        )
+
+    def _compacted(self, generation: int, result: int | BaseException, seconds: float) -> None:
+        self._compaction_pending = False
+        self._compaction_done.set()
+        if isinstance(result, BaseException):
+            self._log.error(
+                "store.compaction_failed",
+                generation=generation,
+                error=str(result),
+                detail="the previous log generation is kept; compaction is retried later",
+            )
+            return
+        self._compactions += 1
+        self._log.info(
+            "store.compacted", generation=generation, snapshot_bytes=result, seconds=round(seconds, 3)
+        )
+
+    def _writable(self) -> Writer:
+        self._readable()
+        if self._writer is None:
+            raise StoreError(
+                f"the file store {self.directory} is open read-only (offline tools); nothing can change"
+            )
+        if self._writer.failure is not None:
+            raise self._writer.failure
+        return self._writer
+
+    def _readable(self) -> None:
+        if self._state != "open":
+            raise StoreError(f"the file store {self.directory} is not open (state: {self._state})")
+
+
+def _limit(limit: int) -> int:
+    if limit < 1:
+        raise ValueError(f"page limit must be at least 1, not {limit}")
+    return limit
+
+
+def _read_payloads(wanted: list[tuple[Segment, int, int]]) -> list[bytes]:
+    """Worker thread: pread each record, in file order for locality, verified by CRC."""
+    order = sorted(range(len(wanted)), key=lambda i: (wanted[i][0].number, wanted[i][1]))
+    found: list[bytes] = [b""] * len(wanted)
+    for i in order:
+        segment, offset, length = wanted[i]
+        found[i] = segment.read_payload(offset, length)
+    return found

@@ -1,0 +1,364 @@
+"""Group commit: one writer thread appends whole batches and fsyncs once per batch.
+
+Calls on the Trio thread reserve a place (segment, offset) for their record and add
+it to the *open* batch; that costs a lock and a list append, no syscall. The writer
+thread takes the open batch (a fresh one opens at once), writes its data records
+with one pwritev per segment and its log records with one pwritev, fsyncs the data
+then the log if any caller in the batch waits for durability, and hands the batch
+back to Trio (`TrioToken.run_sync_soon`), which sets the batch's event: every
+caller in it wakes together. While a batch is being written the next one fills up,
+so the busier the store, the more saves share each fsync.
+
+The writer owns every write descriptor; a dedicated thread (not a Trio task) keeps
+writing even while no Trio task waits, so lazily logged changes reach the OS
+promptly, and a cancelled caller never leaves a half-written batch behind.
+
+A write or fsync error fails the store for good (`failure`): after a failed fsync
+the kernel may have dropped the dirty pages, so retrying would claim durability it
+does not have. Restarting recovers from what is on disk.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+import trio
+
+from stores.errors import StoreUnavailable
+from stores.file import layout
+from stores.file import snapshot as snapshots
+from stores.file.segment import Segment
+
+log = structlog.get_logger(__name__)
+
+
+class FsyncMode(enum.StrEnum):
+    """When a call's records are fsynced before it returns (see docs/file-store.md)."""
+
+    ALWAYS = "always"
+    BATCH = "batch"
+    NEVER = "never"
+
+
+class Batch:
+    """Records that go to disk together, and the event their callers wait on."""
+
+    __slots__ = (
+        "data",
+        "done",
+        "durable",
+        "end",
+        "error",
+        "log",
+        "log_generation",
+        "reclaim",
+        "seq",
+        "snapshot",
+        "synced",
+    )
+
+    def __init__(self, seq: int, log_generation: int) -> None:
+        self.seq = seq
+        self.log_generation = log_generation
+        self.data: list[tuple[Segment, int, list[bytes]]] = []
+        self.log: list[bytes] = []
+        self.reclaim: list[Segment] = []
+        self.snapshot: snapshots.Snapshot | None = None
+        self.durable = False
+        self.synced = False
+        self.end: tuple[int, int] | None = None
+        self.done = trio.Event()
+        self.error: StoreUnavailable | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.data or self.log or self.reclaim or self.durable or self.snapshot)
+
+    async def wait(self) -> None:
+        """Return once the batch is written (and fsynced if it had to be); raise if that failed."""
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+
+
+class Writer:
+    """The write side of one store: reservations on the Trio thread, I/O on its own thread."""
+
+    def __init__(
+        self,
+        directory: Path,
+        mode: FsyncMode,
+        segment_bytes: int,
+        segment: Segment,
+        data_end: int,
+        log_generation: int,
+        log_fd: int | None,
+        log_size: int,
+        on_done: Callable[[list[Batch]], None],
+        on_compacted: Callable[[int, int | BaseException, float], None],
+    ) -> None:
+        self.directory = directory
+        self.mode = mode
+        self.segment_bytes = segment_bytes
+        self._on_done = on_done
+        self._on_compacted = on_compacted
+        self._token = trio.lowlevel.current_trio_token()
+        self._cond = threading.Condition()
+        self._sleeping = False
+        self._stopping = False
+        self._cut: list[Batch] = []
+        self._seq = 1
+        # Trio side: where the next record goes, what is written and synced.
+        self.segment = segment
+        self.end = data_end
+        self.log_generation = log_generation
+        self._open = Batch(self._seq, log_generation)
+        self.written: tuple[int, int] = (segment.number, data_end)
+        self.dirty_seq = 0
+        self.synced_seq = 0
+        # Writer thread side.
+        self._active: Segment | None = segment if segment.fd is not None else None
+        self._data_dirty = False
+        self._log_generation = log_generation
+        self._log_fd = log_fd
+        self._log_dirty = False
+        self._dir_dirty = False
+        self.log_size = log_size
+        self.failure: StoreUnavailable | None = None
+        self.fsyncs = 0
+        self.batches = 0
+        self.batched_records = 0
+        self._thread = threading.Thread(target=self._run, name=f"kiteq-store-writer:{directory}", daemon=True)
+        self._compactor: threading.Thread | None = None
+        self._thread.start()
+
+    # -- Trio side ------------------------------------------------------------------------
+
+    def append_message(self, record: bytes, *, durable: bool) -> tuple[Segment, int, Batch]:
+        """Reserve the next place in the data segments for `record`; the batch that writes it."""
+        with self._cond:
+            if self.end + len(record) > self.segment_bytes and self.end > layout.HEAD_SIZE:
+                number = self.segment.number + 1
+                self.segment = Segment(number, layout.path_of(self.directory, layout.SEGMENT, number))
+                self.end = layout.HEAD_SIZE
+            segment, offset = self.segment, self.end
+            self.end += len(record)
+            batch = self._open
+            data = batch.data
+            if data and data[-1][0] is segment:
+                data[-1][2].append(record)
+            else:
+                data.append((segment, offset, [record]))
+            batch.end = (segment.number, self.end)
+            self._touch(batch, durable)
+        return segment, offset, batch
+
+    def append_op(self, record: bytes, *, durable: bool) -> Batch:
+        with self._cond:
+            batch = self._open
+            batch.log.append(record)
+            self._touch(batch, durable)
+        return batch
+
+    def sync(self) -> Batch:
+        """A batch that fsyncs (per the mode) everything appended so far."""
+        with self._cond:
+            batch = self._open
+            self._touch(batch, True)
+        return batch
+
+    def reclaim(self, segment: Segment) -> None:
+        """Delete an emptied segment once the ops that emptied it are on disk."""
+        with self._cond:
+            self._open.reclaim.append(segment)
+            self._touch(self._open, False)
+
+    def cut(self, snapshot: snapshots.Snapshot) -> None:
+        """End the log generation here; write `snapshot` once everything before the cut is synced."""
+        with self._cond:
+            batch = self._open
+            batch.snapshot = snapshot
+            self._touch(batch, True)
+            self._cut.append(batch)
+            self._seq += 1
+            self.log_generation = snapshot.generation
+            self._open = Batch(self._seq, snapshot.generation)
+
+    def settled(self) -> bool:
+        """True when everything appended so far is as durable as the mode makes it."""
+        return self.synced_seq >= self.dirty_seq
+
+    def is_written(self, segment: int, offset: int) -> bool:
+        return (segment, offset) < self.written
+
+    def _touch(self, batch: Batch, durable: bool) -> None:
+        batch.durable = batch.durable or durable
+        self.dirty_seq = batch.seq
+        if self._sleeping:
+            self._cond.notify()
+
+    def _finished(self, batches: list[Batch]) -> None:
+        """On the Trio thread: publish progress and wake every caller of `batches`."""
+        for batch in batches:
+            if batch.end is not None:
+                self.written = max(self.written, batch.end)
+            if batch.synced:
+                self.synced_seq = max(self.synced_seq, batch.seq)
+        self._on_done(batches)
+        for batch in batches:
+            batch.done.set()
+
+    async def stop(self) -> None:
+        """Write what is pending with an fsync, then end the threads."""
+        if self.failure is None:
+            await self.sync().done.wait()
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        await trio.to_thread.run_sync(self._join)
+
+    def _join(self) -> None:
+        self._thread.join()
+        if self._compactor is not None:
+            self._compactor.join()
+        if self._log_fd is not None:
+            os.close(self._log_fd)
+            self._log_fd = None
+
+    # -- writer thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._cut and self._open.empty and not self._stopping:
+                    self._sleeping = True
+                    self._cond.wait()
+                    self._sleeping = False
+                batches, self._cut = self._cut, []
+                if not self._open.empty:
+                    batches.append(self._open)
+                    self._seq += 1
+                    self._open = Batch(self._seq, self.log_generation)
+            if not batches:
+                return
+            for batch in batches:
+                self._process(batch)
+            try:
+                self._token.run_sync_soon(self._finished, batches)
+            except trio.RunFinishedError:
+                log.warning(
+                    "store.writer_orphaned",
+                    store=str(self.directory),
+                    detail="the Trio run ended before the store was closed",
+                )
+                return
+
+    def _process(self, batch: Batch) -> None:
+        if self.failure is not None:
+            batch.error = self.failure
+            return
+        try:
+            self._write(batch)
+        except OSError as exc:
+            self.failure = StoreUnavailable(
+                f"writing the file store {self.directory} failed ({exc}); it accepts no more writes — "
+                "free disk space or fix the device, then restart to recover from what is on disk"
+            )
+            log.error("store.write_failed", store=str(self.directory), error=str(exc))
+            batch.error = self.failure
+
+    def _write(self, batch: Batch) -> None:
+        records = 0
+        for segment, start, chunks in batch.data:
+            if segment is not self._active:
+                self._seal()
+                if segment.fd is None:
+                    segment.create()
+                    self._dir_dirty = True
+                self._active = segment
+            assert segment.fd is not None
+            layout.write_all(segment.fd, chunks, start)
+            self._data_dirty = True
+            records += len(chunks)
+        if batch.log:
+            if batch.log_generation != self._log_generation or self._log_fd is None:
+                self._switch_log(batch.log_generation)
+            assert self._log_fd is not None
+            self.log_size += layout.write_all(self._log_fd, batch.log, self.log_size)
+            self._log_dirty = True
+            records += len(batch.log)
+        must_sync = self.mode is FsyncMode.ALWAYS or (batch.durable and self.mode is FsyncMode.BATCH)
+        if must_sync or batch.snapshot is not None:
+            self._sync()
+        batch.synced = must_sync or self.mode is FsyncMode.NEVER or not (self._data_dirty or self._log_dirty)
+        if batch.reclaim:
+            self._delete(batch.reclaim)
+        if batch.snapshot is not None:
+            # Later ops go to the new generation's log, which starts empty now.
+            self._switch_log(batch.snapshot.generation)
+            self._compactor = threading.Thread(
+                target=self._compact,
+                args=(batch.snapshot,),
+                name=f"kiteq-store-compactor:{self.directory}",
+                daemon=True,
+            )
+            self._compactor.start()
+        self.batches += 1
+        self.batched_records += records
+
+    def _sync(self) -> None:
+        """fsync data before log: a durable op never refers to a record that is not."""
+        if self._data_dirty and self._active is not None and self._active.fd is not None:
+            os.fdatasync(self._active.fd)
+            self._data_dirty = False
+        if self._log_dirty and self._log_fd is not None:
+            os.fdatasync(self._log_fd)
+            self._log_dirty = False
+        if self._dir_dirty:
+            layout.fsync_dir(self.directory)
+            self._dir_dirty = False
+        self.fsyncs += 1
+
+    def _seal(self) -> None:
+        """A segment the writer leaves is fsynced in every mode: only the last may have a torn tail."""
+        if self._active is not None and self._data_dirty and self._active.fd is not None:
+            os.fdatasync(self._active.fd)
+        self._data_dirty = False
+
+    def _switch_log(self, generation: int) -> None:
+        if self._log_fd is not None:
+            if self._log_dirty:
+                os.fdatasync(self._log_fd)
+                self._log_dirty = False
+            os.close(self._log_fd)
+        path = layout.path_of(self.directory, layout.LOG, generation)
+        self._log_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self.log_size = layout.write_all(self._log_fd, [layout.file_head(layout.LOG, generation)], 0)
+        self._log_generation = generation
+        self._dir_dirty = True
+
+    def _delete(self, segments: list[Segment]) -> None:
+        if self.mode is not FsyncMode.NEVER and self._log_dirty:
+            self._sync()
+        for segment in segments:
+            segment.path.unlink(missing_ok=True)
+
+    def _compact(self, snapshot: snapshots.Snapshot) -> None:
+        started = time.perf_counter()
+        result: int | BaseException
+        try:
+            result = snapshots.write(self.directory, snapshot)
+        except OSError as exc:
+            result = exc
+        try:
+            self._token.run_sync_soon(
+                self._on_compacted, snapshot.generation, result, time.perf_counter() - started
+            )
+        except trio.RunFinishedError:
+            return

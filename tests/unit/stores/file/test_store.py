@@ -1,0 +1,277 @@
+"""What the file store promises beyond the shared contract: locking, group commit, space, snapshots."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import trio
+
+from stores import MessageEntity, StoreCorrupted, StoreError, StoreLocked
+from stores.file import FileStore, layout
+from stores.file.records import HEADER_SIZE, Scan
+
+
+def message(body: bytes = b"x" * 1000, **fields: object) -> MessageEntity:
+    entity = MessageEntity(uuid.uuid4().hex, "trade", "pay", "order-svc", body, created_at=1.0)
+    for name, value in fields.items():
+        setattr(entity, name, value)
+    return entity
+
+
+# Small synchronous file helpers: the async tests call them on tiny temporary files.
+
+
+def disk_bytes(directory: Path, pattern: str = "*") -> int:
+    return sum(path.stat().st_size for path in directory.glob(pattern))
+
+
+def names(directory: Path, pattern: str) -> list[str]:
+    return sorted(path.name for path in directory.glob(pattern))
+
+
+def contents(directory: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in directory.iterdir()}
+
+
+def damage_first_record(directory: Path) -> tuple[Path, int]:
+    """Flip a byte in the body of the first record of the first segment; (file, record offset)."""
+    segment = sorted(directory.glob("*.seg"))[0]
+    data = bytearray(segment.read_bytes())
+    first = next(iter(Scan(bytes(data), layout.HEAD_SIZE)))[0]
+    data[first + HEADER_SIZE + 300] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    return segment, first
+
+
+def append(path: Path, data: bytes) -> int:
+    """Append `data`; the size before."""
+    size = path.stat().st_size
+    with path.open("ab") as f:
+        f.write(data)
+    return size
+
+
+def uri(directory: Path, **options: object) -> str:
+    query = "&".join(f"{name}={value}" for name, value in options.items())
+    return f"file://{directory}" + (f"?{query}" if query else "")
+
+
+async def test_a_second_opener_is_refused_while_the_first_has_the_store(tmp_path: Path) -> None:
+    async with FileStore.from_uri(uri(tmp_path)):
+        with pytest.raises(
+            StoreLocked, match=rf"{tmp_path} is in use by another process \(pid {os.getpid()}\)"
+        ):
+            await FileStore.from_uri(uri(tmp_path)).start()
+    async with FileStore.from_uri(uri(tmp_path)) as store:
+        assert await store.stats()
+
+
+def test_another_process_holding_the_lock_is_named(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys; f = open(sys.argv[1] + '/LOCK', 'w'); f.write('4242'); f.flush();"
+            "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); sys.stdin.read()",
+            str(tmp_path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+        with pytest.raises(StoreLocked, match="pid 4242"):
+            trio.run(FileStore.from_uri(uri(tmp_path)).start)
+    finally:
+        holder.communicate(b"")
+
+
+async def test_concurrent_saves_share_fsyncs(tmp_path: Path) -> None:
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        async with trio.open_nursery() as nursery:
+            for _ in range(300):
+                nursery.start_soon(store.save, message())
+        details = (await store.stats()).details
+    assert details["batches"] == details["fsyncs"] < 100
+    assert details["records_per_batch"] > 3
+
+
+@pytest.mark.parametrize(("mode", "lazy_fsyncs"), [("batch", False), ("always", True)])
+async def test_only_decisions_wait_for_an_fsync_in_batch_mode(
+    tmp_path: Path, mode: str, lazy_fsyncs: bool
+) -> None:
+    async with FileStore.from_uri(uri(tmp_path, fsync=mode)) as store:
+        entities = [message(commit=False) for _ in range(20)]
+        for entity in entities:
+            await store.save(entity)
+        before = (await store.stats()).details["fsyncs"]
+        for entity in entities:
+            await store.update_delivery(entity.message_id, [], ["sms"], 1, 5.0)
+        await trio.sleep(0.2)  # the writer drains what was logged lazily
+        after_lazy = (await store.stats()).details["fsyncs"]
+        for entity in entities:
+            await store.commit(entity.message_id)
+        after_commits = (await store.stats()).details["fsyncs"]
+    assert (after_lazy - before >= 20) is lazy_fsyncs
+    assert after_commits - after_lazy >= 20, "each sequential commit waits for its own fsync"
+
+
+async def test_fsync_never_still_hands_every_save_to_the_os(tmp_path: Path) -> None:
+    async with FileStore.from_uri(uri(tmp_path, fsync="never")) as store:
+        entity = message()
+        await store.save(entity)
+        details = (await store.stats()).details
+        assert details["fsyncs"] == 0
+        assert entity.body in b"".join(contents(tmp_path).values())
+
+
+async def test_finished_segments_are_deleted_until_about_one_is_left(tmp_path: Path) -> None:
+    segment = 16 << 10
+    async with FileStore.from_uri(uri(tmp_path, segment_bytes=segment, fsync="never")) as store:
+        entities = [message() for _ in range(300)]
+        for entity in entities:
+            await store.save(entity)
+        assert disk_bytes(tmp_path, "*.seg") > 15 * segment
+        kept_dead = entities[150]
+        await store.dead_letter(kept_dead.message_id, "expired")
+        for entity in entities:
+            if entity is not kept_dead:
+                await store.finish(entity.message_id)
+        await store.save(message())  # its batch comes after the reclamations queued by the finishes
+        assert disk_bytes(tmp_path, "*.seg") <= 2 * segment + segment, "the current one and the dead letter's"
+        await store.purge(kept_dead.message_id)
+        await store.save(message())
+        assert disk_bytes(tmp_path, "*.seg") <= segment + 2048
+        assert (await store.stats()).details["segments_reclaimed"] >= 17
+    async with FileStore.from_uri(uri(tmp_path)) as store:
+        assert (await store.stats()).messages == 2
+
+
+async def test_rolled_back_messages_free_their_segments_too(tmp_path: Path) -> None:
+    async with FileStore.from_uri(uri(tmp_path, segment_bytes=8192, fsync="never")) as store:
+        entities = [message(commit=False) for _ in range(40)]
+        for entity in entities:
+            await store.save(entity)
+        for entity in entities:
+            await store.rollback(entity.message_id)
+        await store.save(message())
+        assert len(names(tmp_path, "*.seg")) == 1
+
+
+async def test_the_log_is_compacted_into_snapshots(tmp_path: Path) -> None:
+    options = {"fsync": "never", "compact_bytes": 8192}
+    async with FileStore.from_uri(uri(tmp_path, **options)) as store:
+        entities = [message() for _ in range(50)]
+        for entity in entities:
+            await store.save(entity)
+        rounds = 0
+        with trio.fail_after(60):  # a snapshot waits for fsyncs, slow on a busy disk
+            while (await store.stats()).details["compactions"] < 3:
+                for entity in entities:
+                    await store.update_delivery(entity.message_id, ["a"], ["b", "c"], rounds, 1000.0 + rounds)
+                await store.save(message())
+                rounds += 1
+        logs = names(tmp_path, "*.log")
+    assert logs[0] != "0000000001.log", "old generations are deleted while the store runs"
+    async with FileStore.from_uri(uri(tmp_path)) as store:
+        got = await store.get(entities[7].message_id)
+        assert got is not None and (got.deliver_count, got.next_deliver_at) == (rounds - 1, 999.0 + rounds)
+        assert got.succ_groups == ("a",) and got.fail_groups == ("b", "c")
+        assert (await store.stats()).details["recovered_records"] == 50 + rounds
+    assert disk_bytes(tmp_path, "*.log") < 100, "the close left a snapshot"
+
+
+async def test_a_clean_close_leaves_a_snapshot_so_restarts_skip_the_data(tmp_path: Path) -> None:
+    async with FileStore.from_uri(uri(tmp_path)) as store:
+        for _ in range(30):
+            await store.save(message())
+    assert names(tmp_path, "*.snap") == ["0000000002.snap"]
+    # A damaged body is not noticed at start (the data is not read), only when read back.
+    segment, first = damage_first_record(tmp_path)
+    async with FileStore.from_uri(uri(tmp_path, cache_bytes=0)) as store:
+        assert (await store.stats()).messages == 30
+        with pytest.raises(StoreCorrupted, match=f"{segment} offset {first}: CRC mismatch"):
+            await store.page_due(10.0, None, 100)
+
+
+async def test_read_only_changes_nothing(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="there is no store at"):
+        await FileStore.from_uri(uri(tmp_path / "missing"), read_only=True).start()
+    async with FileStore.from_uri(uri(tmp_path)) as store:
+        entity = message()
+        await store.save(entity)
+    [segment] = names(tmp_path, "*.seg")
+    torn_at = append(tmp_path / segment, b"torn")
+    before = contents(tmp_path)
+    async with FileStore.from_uri(uri(tmp_path), read_only=True) as store:
+        assert await store.get(entity.message_id) == entity
+        with pytest.raises(StoreError, match="read-only"):
+            await store.save(message())
+        with pytest.raises(StoreError, match="read-only"):
+            await store.finish(entity.message_id)
+        assert (await store.stats()).details["torn_tails_truncated"] == [f"{segment}@{torn_at}"]
+    assert contents(tmp_path) == before
+
+
+async def test_misuse_is_a_clear_error(tmp_path: Path) -> None:
+    store = FileStore.from_uri(uri(tmp_path))
+    with pytest.raises(StoreError, match="not open"):
+        await store.get("x")
+    async with store:
+        with pytest.raises(StoreError, match="already started"):
+            await store.start()
+        with pytest.raises(StoreError, match="topic 70000 bytes"):
+            await store.save(message(topic="t" * 70_000))
+        with pytest.raises(ValueError, match="at least 1"):
+            await store.page_dead(None, 0)
+    await store.close()
+    with pytest.raises(StoreError, match="not open"):
+        await store.save(message())
+
+
+async def test_ids_may_come_back_after_they_are_finished(tmp_path: Path) -> None:
+    async with FileStore.from_uri(uri(tmp_path, segment_bytes=4096)) as store:
+        first = message(body=b"first")
+        await store.save(first)
+        await store.update_delivery(first.message_id, ["a"], [], 3, 7.0)
+        await store.finish(first.message_id)
+        again = message(body=b"again")
+        again.message_id = first.message_id
+        assert await store.save(again) is True
+    async with FileStore.from_uri(uri(tmp_path)) as store:
+        assert await store.get(first.message_id) == again, "ops of the first never touch the second"
+
+
+def damage_snapshot_entries(directory: Path) -> Path:
+    """Flip a byte inside the first SNAPSHOT_ENTRIES record of the snapshot."""
+    [snapshot] = sorted(directory.glob("*.snap"))
+    data = bytearray(snapshot.read_bytes())
+    entries = next(start for _, rtype, start, _ in Scan(bytes(data), layout.HEAD_SIZE) if rtype == 12)
+    data[entries + 40] ^= 0xFF
+    snapshot.write_bytes(bytes(data))
+    return snapshot
+
+
+async def test_a_damaged_snapshot_refuses_to_start_and_repair_finds_its_messages_in_the_data(
+    tmp_path: Path,
+) -> None:
+    async with FileStore.from_uri(uri(tmp_path, segment_bytes=8192)) as store:
+        kept = [message() for _ in range(20)]
+        for entity in kept:
+            await store.save(entity)
+        await store.dead_letter(kept[0].message_id, "expired")
+        await store.commit(kept[1].message_id)
+    snapshot = damage_snapshot_entries(tmp_path)
+    with pytest.raises(StoreCorrupted, match=f"{snapshot}: snapshot damaged at offset"):
+        await FileStore.from_uri(uri(tmp_path)).start()
+    async with FileStore.from_uri(uri(tmp_path), repair=True) as store:
+        assert [await store.get(entity.message_id) for entity in kept[1:]] == kept[1:]
+        details = (await store.stats()).details
+        assert details["damage_skipped"] and details["damage_skipped"][0].startswith(snapshot.name)
+    async with FileStore.from_uri(uri(tmp_path)) as store:
+        assert (await store.stats()).messages >= 19, "the repaired store starts on its own"
