@@ -140,8 +140,9 @@ class _Recovery:
     def _read_file(self, kind: str, number: int, start: int, last: bool, on_record: OnRecord) -> None:
         path = layout.path_of(self.directory, kind, number)
         data = path.read_bytes()
-        if start > len(data):
+        if start > len(data) and start > layout.HEAD_SIZE:
             # The snapshot counted data up to `start` as durable: a shorter file lost acknowledged records.
+            # (A mark at the header itself promises no records: a segment torn while being created.)
             self._damaged(
                 path, len(data), f"the file ends before offset {start}, where the snapshot says data ends"
             )

@@ -223,3 +223,14 @@ async def test_a_sealed_segment_with_a_cut_tail_is_damage_not_a_torn_write(tmp_p
     os.truncate(first, first.stat().st_size - 10)
     with pytest.raises(StoreCorrupted, match=f"{first.name}: damaged at offset .*end of a sealed file"):
         await FileStore.from_uri(f"file://{tmp_path}").start()
+
+
+async def test_a_last_segment_torn_while_being_created_is_not_damage(tmp_path: Path) -> None:
+    """SIGKILL between creating the next segment file and writing its header leaves it empty."""
+    ids = await crashed_fill(tmp_path, 40)
+    last = files(tmp_path, "seg")[-1]
+    torn = last.with_name(last.name.replace(last.stem, f"{int(last.stem) + 1:0{len(last.stem)}d}"))
+    torn.write_bytes(b"")
+    found, details = await present(tmp_path, ids)
+    assert found == ids
+    assert details["torn_tails_truncated"] == [f"{torn.name}@0"]
