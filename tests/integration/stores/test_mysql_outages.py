@@ -87,7 +87,7 @@ async def test_master_crash_loses_no_acknowledged_save(mariadb: MariaDBPair, mys
             await trio.to_thread.run_sync(mariadb.master.kill)
             await trio.sleep(1.0)
             down = new_entity()
-            with trio.fail_after(2.5), pytest.raises(StoreUnavailable):
+            with trio.fail_after(3.0), pytest.raises(StoreUnavailable):
                 await store.save(down)
             with pytest.raises(StoreUnavailable):
                 await store.get(down.message_id)
@@ -100,7 +100,7 @@ async def test_master_crash_loses_no_acknowledged_save(mariadb: MariaDBPair, mys
         assert len(acked) > 100 and failures, (len(acked), len(failures))
         assert all(isinstance(failure, StoreUnavailable) for failure in failures), {type(f) for f in failures}
         assert False not in outcomes.values(), "no id was saved twice"
-        assert max(failure_seconds) <= 2.5, "failures are bounded by the store timeout"
+        assert max(failure_seconds) <= 3.0, "failures are bounded by the 2 s store timeout"
 
         after = new_entity()
         assert await store.save(after) is True, "the same store recovers by itself"
@@ -125,7 +125,9 @@ async def test_hung_master_fails_calls_within_the_timeout(mariadb: MariaDBPair, 
                 started = trio.current_time()
                 with pytest.raises(StoreUnavailable, match="did not"):
                     await call()
-                assert trio.current_time() - started < 1.5
+                assert trio.current_time() - started < 2.0, (
+                    "bounded by the 1 s timeout (plus scheduling on a busy box)"
+                )
         finally:
             mariadb.master.resume()
         after = new_entity()

@@ -1,0 +1,123 @@
+"""Delivery-log lines → typed events, with every line that is not a usable event counted by kind.
+
+Lines are read as text and parsed with `from_json` against a schema of strings, so one odd
+field (a number where a string was expected, a list written as a string) costs that field,
+never the line, and a line that is not JSON at all costs only itself: it is counted, not
+fatal. The counts ride along the first pass over the data as `Observation` metrics instead
+of costing a second read.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Observation
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+# Every event of the delivery-log contract (DESIGN.md, "Delivery log"), by who writes it.
+PRODUCER_EVENTS = ("sent", "send_failed")
+BROKER_EVENTS = (
+    "stored",
+    "committed",
+    "rolled_back",
+    "delivered",
+    "acked",
+    "nacked",
+    "timeout",
+    "dropped",
+    "dead_lettered",
+    "redriven",
+    "finished",
+    "tx_checked",
+)
+CONSUMER_EVENTS = ("received", "processed")
+KNOWN_EVENTS = PRODUCER_EVENTS + BROKER_EVENTS + CONSUMER_EVENTS
+
+# Events about one consumer group of a message: without `group` such a line means nothing.
+GROUP_EVENTS = ("delivered", "acked", "nacked", "timeout", "dropped", "received", "processed")
+# Events that may name a group (then they concern that group only) or not (the whole message).
+MAYBE_GROUP_EVENTS = ("dead_lettered", "redriven")
+
+# Why a line is not an event, in the order they are checked; reported under these names.
+PROBLEMS = ("blank", "not_json", "missing_field", "bad_ts", "unknown_event")
+MALFORMED = ("not_json", "missing_field", "bad_ts")
+
+_FIELDS = (
+    "ts",
+    "event",
+    "message_id",
+    "topic",
+    "message_type",
+    "producer_group",
+    "group",
+    "broker",
+    "reason",
+)
+_CORRUPT = "_corrupt_line"
+_LINE_SCHEMA = T.StructType(
+    [T.StructField(name, T.StringType()) for name in (*_FIELDS, "commit", "groups", _CORRUPT)]
+)
+_GROUPS_SCHEMA = T.ArrayType(T.StringType())
+
+EVENT_COLUMNS = (*_FIELDS, "commit", "groups")
+
+
+class LineCounts:
+    """The counts of lines by kind, taken while the first action runs through the events.
+
+    When no line gives an event, adaptive execution prunes the observed operator away and
+    the observation stays empty; `collect(observed=False)` then counts in a pass of its own.
+    """
+
+    def __init__(self, frame: DataFrame) -> None:
+        self._metrics = [
+            F.count(F.lit(1)).alias("lines"),
+            *(F.count_if(F.col("problem") == kind).alias(kind) for kind in PROBLEMS),
+            F.unix_micros(F.max(F.when(F.col("problem").isNull(), F.col("ts")))).alias("newest_us"),
+            *(
+                F.count_if(F.col("problem").isNull() & (F.col("event") == e)).alias(f"event_{e}")
+                for e in KNOWN_EVENTS
+            ),
+        ]
+        self._frame = frame
+        self._observation = Observation("kiteq-reconcile-input")
+        self.observed = frame.observe(self._observation, *self._metrics)
+
+    def collect(self, observed: bool = True) -> dict[str, int | None]:
+        """The counts: from the observation if an action ran through `observed` and kept it."""
+        if observed:
+            return self._observation.get
+        row = self._frame.agg(*self._metrics).first()
+        return row.asDict() if row is not None else {}
+
+
+def parse_lines(lines: DataFrame) -> tuple[DataFrame, LineCounts]:
+    """Parse a frame of text lines (`value`, as `spark.read.text` gives) into events and line counts."""
+    parsed = F.from_json("value", _LINE_SCHEMA, {"columnNameOfCorruptRecord": _CORRUPT, "mode": "PERMISSIVE"})
+    fields = lines.select(F.col("value"), parsed.alias("j")).select(
+        *(F.nullif(F.trim(F.col(f"j.{name}")), F.lit("")).alias(name) for name in _FIELDS if name != "ts"),
+        F.col("j.ts").try_cast(T.TimestampType()).alias("ts"),
+        F.col("j.ts").alias("raw_ts"),
+        F.lower(F.col("j.commit")).eqNullSafe("true").alias("commit"),
+        F.when(F.col("j.event").isin("stored", "committed"), F.from_json("j.groups", _GROUPS_SCHEMA)).alias(
+            "groups"
+        ),
+        (F.trim(F.col("value")) == "").alias("blank"),
+        (F.col("j").isNull() | F.col(f"j.{_CORRUPT}").isNotNull()).alias("not_json"),
+    )
+    # The raw line stops here: only the fields travel on to the observed (materialized) rows.
+    counts = LineCounts(fields.select(*EVENT_COLUMNS, _problem().alias("problem")))
+    events = counts.observed.where(F.col("problem").isNull()).select(*EVENT_COLUMNS)
+    return events, counts
+
+
+def _problem() -> Column:
+    """The first reason a parsed line is not an event, or null for a good one."""
+    missing = F.col("event").isNull() | F.col("message_id").isNull() | F.col("raw_ts").isNull()
+    missing = missing | (F.col("event").isin(*GROUP_EVENTS) & F.col("group").isNull())
+    return (
+        F.when(F.col("blank"), F.lit("blank"))
+        .when(F.col("not_json"), F.lit("not_json"))
+        .when(missing, F.lit("missing_field"))
+        .when(F.col("ts").isNull(), F.lit("bad_ts"))
+        .when(~F.col("event").isin(*KNOWN_EVENTS), F.lit("unknown_event"))
+    )

@@ -1,0 +1,242 @@
+"""The SQL of every store operation, compiled once per shard count from schema.py.
+
+Statements are built with SQLAlchemy Core against the tables in schema.py and compiled
+to text for aiomysql (`%s` placeholders, client-side escaping). Batch statements keep
+a fixed shape whatever the batch size: ids go in as one tuple (`IN %s`), delivery
+updates as one JSON document joined through `JSON_TABLE`; only the multi-row INSERT
+repeats its VALUES group per row.
+
+Scans are one `UNION ALL` over the shard tables: each branch is an index range scan
+that stops after `limit` rows, the server merges them. Their keyset cursors follow
+the index order: (next_deliver_at, message_id) for due messages, (created_at,
+message_id) for uncommitted ones, message_id for dead letters.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.sql.elements import ColumnElement
+
+from stores.mysql.rows import COLUMNS, STATE_COLUMNS
+from stores.mysql.schema import DIALECT, schema
+
+ADOPT_CHUNK = 1000
+bp = sa.bindparam
+# Flags compare as `= 1` / `= 0`: MariaDB range-scans an index on equality, not on `IS TRUE`.
+ON, OFF = sa.literal_column("1"), sa.literal_column("0")
+
+
+@dataclass(frozen=True, slots=True)
+class Sql:
+    """Compiled text plus the order of its positional parameters."""
+
+    text: str
+    names: tuple[str, ...]
+    defaults: Mapping[str, object]
+
+    def args(self, **values: object) -> tuple[object, ...]:
+        return tuple(values[name] if name in values else self.defaults[name] for name in self.names)
+
+
+def compile_sql(statement: sa.ClauseElement) -> Sql:
+    compiled = statement.compile(dialect=DIALECT)
+    names = tuple(compiled.positiontup or ())
+    defaults = {name: value for name, value in compiled.params.items() if value is not None}
+    return Sql(compiled.string, names, defaults)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSql:
+    """Statements on one `kite_msg_N` table."""
+
+    insert_head: str
+    insert_tail: str
+    get: Sql
+    commit: Sql
+    rollback: Sql
+    dead_letter: Sql
+    redrive: Sql
+    purge: Sql
+    finish: Sql
+    locate: Sql
+    update_delivery: str
+    adopt: Sql
+
+    def insert(self, rows: Sequence[str]) -> str:
+        """`INSERT IGNORE … VALUES (…),(…) RETURNING message_id` for rows given as SQL literals."""
+        return self.insert_head + ",".join(rows) + self.insert_tail
+
+
+def _shard_sql(table: sa.Table) -> ShardSql:
+    c = table.c
+    by_id = c.message_id == bp("id")
+    ids = c.message_id.op("IN")(bp("ids"))
+    insert = compile_sql(sa.insert(table).prefix_with("IGNORE").returning(c.message_id)).text
+    head, _, rest = insert.partition(" VALUES ")
+    _, _, tail = rest.partition(" RETURNING ")
+    return ShardSql(
+        insert_head=head + " VALUES ",
+        insert_tail=" RETURNING " + tail,
+        get=compile_sql(sa.select(*(c[name] for name in COLUMNS)).where(by_id)),
+        # Order matters: MariaDB assigns left to right, so `committed` is set last.
+        commit=compile_sql(
+            sa.update(table)
+            .where(by_id)
+            .ordered_values(
+                (c.deliver_count, sa.case((c.committed, c.deliver_count), else_=sa.literal_column("0"))),
+                (c.next_deliver_at, sa.case((c.committed, c.next_deliver_at), else_=sa.literal_column("0"))),
+                (c.committed, sa.true()),
+            )
+        ),
+        rollback=compile_sql(sa.delete(table).where(by_id, c.committed == OFF)),
+        dead_letter=compile_sql(
+            sa.update(table).where(by_id).values(dead=sa.true(), dead_reason=bp("reason"))
+        ),
+        redrive=compile_sql(
+            sa.update(table)
+            .where(by_id, c.dead == ON)
+            .values(
+                dead=sa.false(),
+                dead_reason="",
+                committed=sa.true(),
+                deliver_count=0,
+                next_deliver_at=0.0,
+                fail_groups="[]",
+                broker=bp("broker"),
+            )
+        ),
+        purge=compile_sql(sa.delete(table).where(by_id, c.dead == ON)),
+        finish=compile_sql(sa.delete(table).where(ids).returning(c.message_id)),
+        locate=compile_sql(sa.select(c.message_id).where(ids).with_for_update()),
+        update_delivery=(
+            f"UPDATE {table.name} AS t JOIN JSON_TABLE(%s, '$[*]' COLUMNS ("
+            "id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PATH '$[0]', "
+            "succ TEXT PATH '$[1]', fail TEXT PATH '$[2]', "
+            "deliver_count INT PATH '$[3]', next_deliver_at DOUBLE PATH '$[4]')) AS v "
+            "ON t.message_id = v.id SET t.succ_groups = v.succ, t.fail_groups = v.fail, "
+            "t.deliver_count = v.deliver_count, t.next_deliver_at = v.next_deliver_at"
+        ),
+        adopt=compile_sql(
+            sa.update(table)
+            .where(c.broker == bp("dead_broker"))
+            .values(broker=bp("broker"))
+            .with_dialect_options(mariadb_limit=ADOPT_CHUNK)
+        ),
+    )
+
+
+def _union(
+    tables: tuple[sa.Table, ...],
+    columns: Callable[[sa.Table], list[ColumnElement[object]]],
+    where: Callable[[sa.Table], ColumnElement[bool]],
+    order: tuple[str, ...],
+) -> Sql:
+    """One page over every shard: per-shard ordered, limited range scans, merged."""
+    branches = [
+        sa.select(*columns(table))
+        .where(where(table))
+        .order_by(*(table.c[name] for name in order))
+        .limit(bp("limit"))
+        for table in tables
+    ]
+    merged = sa.union_all(*branches).order_by(*(sa.literal_column(name) for name in order)).limit(bp("limit"))
+    return compile_sql(merged)
+
+
+# Each scan's keyset order: its index's columns after the equality prefix. The page
+# cursor is the last row's values of these columns.
+SCAN_ORDER = {
+    "due": ("next_deliver_at", "message_id"),
+    "uncommitted": ("created_at", "message_id"),
+    "dead": ("message_id",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """A scan's first page, and the pages after a cursor (`after_value`, `after_id`)."""
+
+    first: Sql
+    after: Sql
+
+
+@dataclass(frozen=True, slots=True)
+class Scans:
+    """Statements over all shards (run on the replica when it is usable)."""
+
+    pages: Mapping[str, Page]
+    counts: Sql
+
+
+def _after(order: tuple[str, ...], table: sa.Table) -> ColumnElement[bool]:
+    """Strictly after the cursor in `order` ((value, message_id) or message_id alone)."""
+    message_id = table.c.message_id
+    if len(order) == 1:
+        return message_id > bp("after_id")
+    value = table.c[order[0]]
+    return sa.or_(value > bp("after_value"), sa.and_(value == bp("after_value"), message_id > bp("after_id")))
+
+
+def _scans(tables: tuple[sa.Table, ...]) -> Scans:
+    def state(table: sa.Table) -> list[ColumnElement[object]]:
+        return [table.c[name] for name in STATE_COLUMNS]
+
+    wanted: dict[str, Callable[[sa.Table], ColumnElement[bool]]] = {
+        "due": lambda t: sa.and_(
+            t.c.broker == bp("broker"), t.c.committed == ON, t.c.dead == OFF, t.c.next_deliver_at <= bp("now")
+        ),
+        "uncommitted": lambda t: sa.and_(
+            t.c.broker == bp("broker"),
+            t.c.committed == OFF,
+            t.c.dead == OFF,
+            t.c.created_at <= bp("older_than"),
+        ),
+        "dead": lambda t: t.c.dead == ON,
+    }
+
+    def page(where: Callable[[sa.Table], ColumnElement[bool]], order: tuple[str, ...]) -> Page:
+        def after(table: sa.Table) -> ColumnElement[bool]:
+            return sa.and_(where(table), _after(order, table))
+
+        return Page(_union(tables, state, where, order), _union(tables, state, after, order))
+
+    pages = {scan: page(where, SCAN_ORDER[scan]) for scan, where in wanted.items()}
+    live = [
+        sa.select(
+            sa.literal("live").label("what"),
+            t.c.committed.label("flag"),
+            t.c.topic.label("name"),
+            sa.func.count().label("n"),
+        )
+        .where(t.c.broker == bp("broker"), t.c.dead == OFF)
+        .group_by(t.c.committed, t.c.topic)
+        for t in tables
+    ]
+    dead_counts = [
+        sa.select(
+            sa.literal("dead").label("what"),
+            sa.literal(1).label("flag"),
+            t.c.dead_reason.label("name"),
+            sa.func.count().label("n"),
+        )
+        .where(t.c.dead == ON)
+        .group_by(t.c.dead_reason)
+        for t in tables
+    ]
+    return Scans(pages, compile_sql(sa.union_all(*live, *dead_counts)))
+
+
+@dataclass(frozen=True, slots=True)
+class Statements:
+    shards: tuple[ShardSql, ...]
+    scans: Scans
+
+
+@functools.cache
+def statements(shards: int) -> Statements:
+    tables = schema(shards).messages
+    return Statements(tuple(_shard_sql(table) for table in tables), _scans(tables))
