@@ -32,6 +32,7 @@ class ServerConfig:
     log_level: str = "info"
     log_format: str = "console"
     admin_token: str = ""
+    adopt_after: float = 60.0
 
 
 @dataclass

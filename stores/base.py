@@ -133,3 +133,33 @@ class MessageStore(ABC):
     @abstractmethod
     async def stats(self) -> StoreStats:
         """Current counts; cheap enough to call every second."""
+
+
+class SharedStore(MessageStore):
+    """A store several brokers share (MySQL): every row has an owning broker.
+
+    A broker scans (`page_due`, `page_uncommitted`) only the rows it owns, so two
+    brokers never deliver the same message; the rows of a broker that died are taken
+    over with `adopt` by a live one (kiteq/server/adoption.py decides when).
+    """
+
+    @abstractmethod
+    def own_as(self, broker: str) -> None:
+        """Before `start`: the owner id this broker writes and scans (its registered address).
+
+        An owner given explicitly in the store's URI wins; the id must stay the same
+        across restarts so a restarted broker finds its own rows.
+        """
+
+    @property
+    @abstractmethod
+    def owner(self) -> str:
+        """The owner id in force."""
+
+    @abstractmethod
+    async def owners(self) -> set[str]:
+        """Every broker that owns at least one row, this one included."""
+
+    @abstractmethod
+    async def adopt(self, dead_broker: str) -> int:
+        """Take over every row `dead_broker` owns; how many moved. Harmless to repeat."""

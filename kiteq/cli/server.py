@@ -29,6 +29,7 @@ FLAGS: dict[str, tuple[str, str]] = {
     "max_frame_bytes": ("server", "max_frame_bytes"),
     "log_level": ("server", "log_level"),
     "log_format": ("server", "log_format"),
+    "adopt_after": ("server", "adopt_after"),
     "deliver_timeout": ("delivery", "deliver_timeout"),
     "retry_base": ("delivery", "retry_base"),
     "retry_max": ("delivery", "retry_max"),
@@ -52,6 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-frame-bytes", type=int)
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", choices=["console", "json"])
+    parser.add_argument(
+        "--adopt-after", type=float, help="take over a dead broker's rows in a shared store after N s"
+    )
     parser.add_argument("--deliver-timeout", type=float)
     parser.add_argument("--retry-base", type=float)
     parser.add_argument("--retry-max", type=float)

@@ -25,6 +25,7 @@ from kiteq.config import BrokerConfig
 from kiteq.delivery_log import DeliveryLog
 from kiteq.registry import Registry, open_registry
 from kiteq.registry.bindings import Binding
+from kiteq.server.adoption import AdoptLoop
 from kiteq.server.connection import BrokerConnection
 from kiteq.server.delivery.dispatcher import Dispatcher
 from kiteq.server.delivery.recover import RecoverLoop
@@ -36,7 +37,7 @@ from kiteq.server.tx.backscan import TxBackscan, decision_of
 from kiteq.server.tx.decisions import apply_decision
 from kiteq.server.validate import InvalidMessage, validate_message
 from protocol import Cmd, TxStatus, pb
-from stores import MessageStore, StoreError, entity_from_wire, open_store
+from stores import MessageStore, SharedStore, StoreError, entity_from_wire, open_store
 
 log = structlog.get_logger(__name__)
 
@@ -95,11 +96,22 @@ class Broker:
                 store=self.store.uri,
                 detail="messages are lost when the broker stops",
             )
+        listeners = await trio.open_tcp_listeners(int(port), host=host)
+        self.address = f"{host}:{listeners[0].socket.getsockname()[1]}"
+        try:
+            await self._serve(listeners, task_status)
+        finally:
+            with trio.CancelScope(shield=True):
+                for listener in listeners:
+                    await listener.aclose()
+        log.info("broker.stopped", address=self.address)
+
+    async def _serve(self, listeners: list[trio.SocketListener], task_status: trio.TaskStatus[str]) -> None:
+        if isinstance(self.store, SharedStore):
+            # Its rows carry the registered address, stable across restarts on the same port.
+            self.store.own_as(self.address)
         async with self.store, self.registry, trio.open_nursery() as nursery:
             self._nursery = nursery
-            listeners = await trio.open_tcp_listeners(int(port), host=host)
-            bound = listeners[0].socket.getsockname()
-            self.address = f"{host}:{bound[1]}"
             if self.events.delivery_log is not None:
                 self.events.delivery_log.broker = self.address
             await nursery.start(self.dispatcher.run)
@@ -108,6 +120,11 @@ class Broker:
             nursery.start_soon(self.recover.run)
             nursery.start_soon(self.backscan.run)
             nursery.start_soon(self._expire_requests)
+            if isinstance(self.store, SharedStore):
+                adoption = AdoptLoop(
+                    self.store, self.registry, self.config.server.adopt_after, self.recover.wake
+                )
+                nursery.start_soon(adoption.run)
             if self.events.delivery_log is not None:
                 nursery.start_soon(self.events.delivery_log.run)
             await self._start_admin(nursery)
@@ -117,7 +134,6 @@ class Broker:
             task_status.started(self.address)
             await self._stop_requested.wait()
             await self._shut_down(nursery, listeners)
-        log.info("broker.stopped", address=self.address)
 
     def stop(self) -> None:
         """Ask `run` to shut down gracefully (safe to call more than once)."""

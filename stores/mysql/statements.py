@@ -63,6 +63,7 @@ class ShardSql:
     purge: Sql
     finish: Sql
     locate: Sql
+    bodies: Sql
     update_delivery: str
     adopt: Sql
 
@@ -112,6 +113,7 @@ def _shard_sql(table: sa.Table) -> ShardSql:
         purge=compile_sql(sa.delete(table).where(by_id, c.dead == ON)),
         finish=compile_sql(sa.delete(table).where(ids).returning(c.message_id)),
         locate=compile_sql(sa.select(c.message_id).where(ids).with_for_update()),
+        bodies=compile_sql(sa.select(c.message_id, c.body).where(ids)),
         update_delivery=(
             f"UPDATE {table.name} AS t JOIN JSON_TABLE(%s, '$[*]' COLUMNS ("
             "id VARCHAR(64) CHARACTER SET ascii COLLATE ascii_bin PATH '$[0]', "
@@ -170,6 +172,7 @@ class Scans:
 
     pages: Mapping[str, Page]
     counts: Sql
+    owners: Sql
 
 
 def _after(order: tuple[str, ...], table: sa.Table) -> ColumnElement[bool]:
@@ -227,7 +230,9 @@ def _scans(tables: tuple[sa.Table, ...]) -> Scans:
         .group_by(t.c.dead_reason)
         for t in tables
     ]
-    return Scans(pages, compile_sql(sa.union_all(*live, *dead_counts)))
+    # DISTINCT on the leading column of idx_due: a loose index scan per shard.
+    owners = sa.union(*(sa.select(t.c.broker).distinct() for t in tables))
+    return Scans(pages, compile_sql(sa.union_all(*live, *dead_counts)), compile_sql(owners))
 
 
 @dataclass(frozen=True, slots=True)

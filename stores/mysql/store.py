@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 import trio
 
-from stores.base import Cursor, MessageStore, Page, StoreStats
+from stores.base import Cursor, Page, SharedStore, StoreStats
 from stores.entity import MessageEntity
 from stores.errors import StoreError, StoreUnavailable
 from stores.mysql import queries
@@ -39,7 +39,7 @@ from stores.mysql.uri import MySQLConfig, parse_uri
 REPLICA_POOL = 4
 
 
-class MySQLStore(MessageStore):
+class MySQLStore(SharedStore):
     durable = True
 
     def __init__(self, config: MySQLConfig, uri: str = "") -> None:
@@ -56,6 +56,17 @@ class MySQLStore(MessageStore):
         self._finishes: Batcher[queries.FinishItem, bool] | None = None
         self._schema_version = 0
         self._statements: Statements | None = None
+
+    def own_as(self, broker: str) -> None:
+        if self._bridge is not None:
+            raise StoreError("the owner of a MySQL store is set before it starts")
+        if not self.config.broker:
+            self.config = dataclasses.replace(self.config, broker=broker)
+            self._log = self._log.bind(broker=broker)
+
+    @property
+    def owner(self) -> str:
+        return self.config.broker
 
     @classmethod
     def from_uri(cls, uri: str, **options: object) -> MySQLStore:
@@ -198,12 +209,16 @@ class MySQLStore(MessageStore):
         )
         return matched == 1
 
+    async def owners(self) -> set[str]:
+        statement = self._sql.scans.owners
+        rows = await self._scans().fetch_all(statement.text, statement.args())
+        return {owner for (owner,) in rows}
+
     async def adopt(self, dead_broker: str) -> int:
         """Take over every row (live, uncommitted or dead) owned by `dead_broker`; how many.
 
-        MySQL store only. The broker calls it when the registry says `dead_broker` has
-        been gone longer than `adopt_after`; from then on this broker's scans return
-        those messages. Rows move in chunks of ADOPT_CHUNK so no transaction grows
+        The broker calls it when the registry says `dead_broker` has been gone longer
+        than `adopt_after`; from then on this broker's scans return those messages. Rows move in chunks of ADOPT_CHUNK so no transaction grows
         large; calling it twice (or from two brokers) is harmless: whoever runs first
         takes the rows, the second finds none.
         """
@@ -240,7 +255,7 @@ class MySQLStore(MessageStore):
         return await self._page("dead", after, limit)
 
     async def _page(self, scan: str, after: Cursor | None, limit: int, **values: object) -> Page:
-        """One more row than asked tells whether another page follows (bodies are not read)."""
+        """One more row than asked tells whether another page follows."""
         if limit < 1:
             raise StoreError(f"page limit must be at least 1, got {limit}")
         statements = self._sql.scans.pages[scan]
@@ -251,7 +266,28 @@ class MySQLStore(MessageStore):
         args = statement.args(broker=self.config.broker, limit=limit + 1, **values)
         rows = await self._scans().fetch_all(statement.text, args)
         items = [from_row(row, STATE_COLUMNS) for row in rows[:limit]]
-        return Page(items, _encode(scan, items[-1]) if len(rows) > limit else None)
+        cursor = _encode(scan, items[-1]) if len(rows) > limit else None
+        return Page(await self._with_bodies(items), cursor)
+
+    async def _with_bodies(self, items: list[MessageEntity]) -> list[MessageEntity]:
+        """The page's bodies, in one more query: the scans themselves stay on narrow index rows.
+
+        A message finished between the two queries has no body any more and leaves the page.
+        """
+        if not items:
+            return items
+        by_shard: dict[int, list[str]] = {}
+        for item in items:
+            by_shard.setdefault(self.shard_of(item.message_id), []).append(item.message_id)
+        parts = [(self._sql.shards[shard].bodies, tuple(ids)) for shard, ids in by_shard.items()]
+        text = " UNION ALL ".join(f"({statement.text})" for statement, _ in parts)
+        args = [arg for statement, ids in parts for arg in statement.args(ids=ids)]
+        bodies = {message_id: bytes(body) for message_id, body in await self._scans().fetch_all(text, args)}
+        return [
+            dataclasses.replace(item, body=bodies[item.message_id])
+            for item in items
+            if item.message_id in bodies
+        ]
 
     async def stats(self) -> StoreStats:
         """Live counts are this broker's rows; dead counts cover the shared dead-letter queue."""

@@ -87,6 +87,18 @@ async def test_get_unknown_is_none(store: MessageStore) -> None:
     assert await store.get(uuid.uuid4().hex) is None
 
 
+async def test_paged_entities_are_complete(store: MessageStore) -> None:
+    """The broker delivers straight from a page: every field, the body included."""
+    due, pending, dead = new_entity(), new_entity(commit=False), new_entity()
+    for entity in (due, pending, dead):
+        await store.save(entity)
+    assert await store.dead_letter(dead.message_id, "expired") is True
+    assert (await store.page_due(10_000.0, None, 10)).items == [due]
+    assert (await store.page_uncommitted(10_000.0, None, 10)).items == [pending]
+    [paged_dead] = (await store.page_dead(None, 10)).items
+    assert (paged_dead.body, paged_dead.properties) == (dead.body, dead.properties)
+
+
 async def test_commit_makes_uncommitted_due(store: MessageStore) -> None:
     entity = new_entity(commit=False, deliver_count=4)
     await store.save(entity)

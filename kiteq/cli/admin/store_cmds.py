@@ -1,6 +1,8 @@
-"""Offline store tools: `store stats|dump|verify --store file:///path/dir`.
+"""Store tools: `store init --store mysql://…` and `store stats|dump|verify --store file:///path/dir`.
 
-They open the directory themselves, so the broker that uses it must be stopped:
+`init` creates a MySQL store's database and tables; running it again changes nothing,
+and it refuses a database made with another shard count. The file tools open the
+directory themselves the directory themselves, so the broker that uses it must be stopped:
 while one holds the store's lock they fail with StoreLocked (exit code 2). They
 change nothing on disk — a torn tail is reported, not truncated — and a URI with
 `?repair=true` lets stats and dump read past damage that would stop a broker.
@@ -34,18 +36,19 @@ EXIT_DAMAGED = 1
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     store = subparsers.add_parser(
         "store",
-        help="offline tools for a file store (stop the broker first)",
+        help="create a MySQL store's schema; offline tools for a file store (stop the broker first)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = store.add_subparsers(dest="store_command", metavar="STORE_COMMAND", required=True)
     for name, func, summary in (
+        ("init", store_init, "create a MySQL store's database and tables (idempotent)"),
         ("stats", store_stats, "counts, disk use and recovery figures of the store"),
         ("dump", store_dump, "every message (live and dead) with its state, in id order"),
         ("verify", store_verify, "check every record of every file and read back every message"),
     ):
         command = commands.add_parser(name, help=summary, description=summary)
-        command.add_argument("--store", required=True, metavar="URI", help="the store, file:///path/to/dir")
+        command.add_argument("--store", required=True, metavar="URI", help="the store URI")
         command.add_argument(
             "--json",
             action="store_true",
@@ -72,6 +75,19 @@ async def open_offline(args: argparse.Namespace) -> AsyncIterator[FileStore]:
 
 def _disk_bytes(directory: Path) -> int:
     return sum(path.stat().st_size for path in directory.iterdir() if path.is_file())
+
+
+async def store_init(args: argparse.Namespace) -> None:
+    if not args.store.startswith("mysql://"):
+        raise StoreConfigError(
+            f"{args.store!r}: only mysql:// stores need `store init`; file stores create themselves"
+        )
+    from stores.mysql import check_schema, init_schema
+
+    await init_schema(args.store)
+    info = await check_schema(args.store)
+    rows = [{"figure": "schema version", "value": info.version}, {"figure": "shards", "value": info.shards}]
+    emit(args, rows, data=dataclasses.asdict(info))
 
 
 async def store_stats(args: argparse.Namespace) -> None:

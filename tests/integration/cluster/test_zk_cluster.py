@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -26,13 +25,12 @@ from kiteq.registry import Registry, open_registry
 from kiteq.registry.zk import ZooKeeperRegistry, parse_zk_uri
 from kiteq.server.broker import Broker
 from tests.helpers import RecordingListener, broker_config, wait_until
+from tests.integration.cluster.harness import ROOT, TOPIC, send_batch, start_broker_process
 from tests.services.ports import free_port, stop_process, wait_for_port
 from tests.services.zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.zookeeper
 
-ROOT = Path(__file__).resolve().parents[3]
-TOPIC = "t"
 OUTAGE = 20.0  # how long ZooKeeper stays down while traffic flows (issue 6)
 KILLED_SESSION_TIMEOUT = 3.0  # the killed broker's session: its node must go within this
 EXPIRY_SLACK = 4.0  # ZooKeeper's expiry runs on its tick; allow a noisy machine some room
@@ -76,25 +74,6 @@ async def in_process_brokers(
             broker.stop()
 
 
-def start_broker_process(tmp_path: Path, port: int, store: str, registry: str) -> subprocess.Popen[bytes]:
-    """`python -m kiteq.cli.server` on a fixed port, logging to tmp_path/broker-<port>.log."""
-    config = tmp_path / f"broker-{port}.toml"
-    config.write_text(
-        f'[server]\nbind = "127.0.0.1:{port}"\nadmin_bind = ""\nstore = "{store}"\n'
-        f'registry = "{registry}"\ntopics = ["{TOPIC}"]\n'
-        "[delivery]\nrecover_interval = 0.1\nretry_base = 0.1\n"
-    )
-    with open(tmp_path / f"broker-{port}.log", "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "kiteq.cli.server", "--config", str(config)],
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-
-
 async def admin(zk_uri: str, *args: str) -> None:
     """Run `kiteq-admin --registry zk_uri ARGS…` as a user would; it must succeed."""
     result = await trio.run_process(
@@ -114,14 +93,6 @@ async def poll(check: Callable[[], Awaitable[bool]], timeout: float, what: str) 
             await trio.sleep(0.05)
         return
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-async def send_batch(producer: Producer, message_type: str, count: int) -> set[str]:
-    """Send `count` messages at once; every one must be stored. Their ids."""
-    results = await producer.send_many([Message(TOPIC, message_type, b"m") for _ in range(count)])
-    failed = [r.error for r in results if not r.ok]
-    assert not failed, f"{len(failed)} of {count} sends failed: {failed[0]}"
-    return {r.message_id for r in results}
 
 
 def routes(broker: Broker, group: str, message_type: str) -> bool:
