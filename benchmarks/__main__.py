@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 # Each module exposes `run(quick: bool) -> list[Figure]`.
-SUITES = ["codec", "store_saves", "end_to_end", "reconcile"]
+SUITES = ["codec", "store_saves", "store_saves_mysql", "end_to_end", "reconcile"]
 
 
 def main(argv: list[str] | None = None) -> int:

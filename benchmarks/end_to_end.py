@@ -4,16 +4,23 @@ Bodies are 1 KiB and carry their send time, so the consumer measures send->liste
 latency. Throughput: the producer keeps `window` sends in flight; the figure is
 messages acked by the group per second. Latency at half load: sends paced at half
 the measured throughput.
+
+Variants: the memory and file stores; the file store with the broker's delivery log
+on (its cost is the difference to `file-batch`); the MySQL store on a local MariaDB
+master + replica started for the run (when mariadbd is installed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import trio
@@ -23,7 +30,13 @@ from kiteq import Binding, Consumer, Message, MessageListener, Producer
 from kiteq.logging import configure_logging
 from tests.services.ports import free_port, stop_process, wait_for_port
 
-STORES = {"memory": "memory://", "file-batch": "file://{dir}/store?fsync=batch"}
+FILE_STORE = "file://{dir}/store?fsync=batch"
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "memory": ("memory://", ()),
+    "file-batch": (FILE_STORE, ()),
+    "file-batch+delivery-log": (FILE_STORE, ("--delivery-log", "{dir}/delivery.log")),
+    "mysql": ("{mysql}", ()),
+}
 WINDOW = 256
 
 
@@ -79,7 +92,7 @@ async def _drive(registry: str, count: int, rate: float | None) -> tuple[float, 
     return count / elapsed, clock.latencies
 
 
-def _measure(store: str, count: int, rate: float | None) -> tuple[float, list[float]]:
+def _measure(store: str, extra: tuple[str, ...], count: int, rate: float | None) -> tuple[float, list[float]]:
     workdir = Path(tempfile.mkdtemp(prefix="kiteq-bench-"))
     registry = f"file://{workdir}/registry.json?poll=0.1"
     port = free_port()
@@ -97,6 +110,7 @@ def _measure(store: str, count: int, rate: float | None) -> tuple[float, list[fl
         registry,
         "--log-level",
         "warning",
+        *(arg.format(dir=workdir) for arg in extra),
     ]
     proc = subprocess.Popen(command, cwd=workdir, env={**os.environ})
     try:
@@ -110,39 +124,55 @@ def run(quick: bool) -> list[Figure]:
     configure_logging("warning")
     count = 5_000 if quick else 50_000
     figures = []
-    for name, store in STORES.items():
-        throughputs, latencies = [], []
-        for _ in range(1 if quick else 3):
-            rate, lat = _measure(store, count, None)
-            throughputs.append(rate)
-            latencies.append(lat)
-        best = sorted(throughputs)[len(throughputs) // 2]
-        params = {"store": name, "messages": count, "body": 1024, "window": WINDOW, "consumers": 2}
-        figures.append(Figure("end_to_end", f"throughput ({name})", best, "msgs/s", params, throughputs))
-        all_lat = [x for run_lat in latencies for x in run_lat]
-        figures.append(
-            Figure("end_to_end", f"latency p50 at full load ({name})", percentile(all_lat, 50), "ms", params)
-        )
-        figures.append(
-            Figure("end_to_end", f"latency p99 at full load ({name})", percentile(all_lat, 99), "ms", params)
-        )
-        half = best / 2
-        _, half_lat = _measure(store, min(count, int(half * 10)), half)
-        half_params = {**params, "offered_rate": round(half)}
+    with contextlib.ExitStack() as stack:
+        mysql = stack.enter_context(_mysql_database()) if shutil.which("mariadbd") else None
+        for name, (store, extra) in VARIANTS.items():
+            if "{mysql}" in store:
+                if mysql is None:
+                    continue
+                store = mysql
+            figures += _variant(name, store, extra, count, quick)
+    return figures
+
+
+@contextlib.contextmanager
+def _mysql_database() -> Iterator[str]:
+    """A fresh database on a local MariaDB master + replica, for the run."""
+    from stores.mysql import init_schema
+    from tests.services.mariadb import start_pair
+
+    pair = start_pair()
+    try:
+        uri = pair.uri(pair.new_database())
+        trio.run(init_schema, uri)
+        yield uri
+    finally:
+        pair.close()
+
+
+def _variant(name: str, store: str, extra: tuple[str, ...], count: int, quick: bool) -> list[Figure]:
+    throughputs, latencies = [], []
+    for _ in range(1 if quick else 3):
+        rate, lat = _measure(store, extra, count, None)
+        throughputs.append(rate)
+        latencies.append(lat)
+    best = sorted(throughputs)[len(throughputs) // 2]
+    params = {"store": name, "messages": count, "body": 1024, "window": WINDOW, "consumers": 2}
+    all_lat = [x for run_lat in latencies for x in run_lat]
+    figures = [
+        Figure("end_to_end", f"throughput ({name})", best, "msgs/s", params, throughputs),
+        Figure("end_to_end", f"latency p50 at full load ({name})", percentile(all_lat, 50), "ms", params),
+        Figure("end_to_end", f"latency p99 at full load ({name})", percentile(all_lat, 99), "ms", params),
+    ]
+    half = best / 2
+    _, half_lat = _measure(store, extra, min(count, int(half * 10)), half)
+    half_params = {**params, "offered_rate": round(half)}
+    for quantile in (50, 99):
         figures.append(
             Figure(
                 "end_to_end",
-                f"latency p50 at half load ({name})",
-                percentile(half_lat, 50),
-                "ms",
-                half_params,
-            )
-        )
-        figures.append(
-            Figure(
-                "end_to_end",
-                f"latency p99 at half load ({name})",
-                percentile(half_lat, 99),
+                f"latency p{quantile} at half load ({name})",
+                percentile(half_lat, quantile),
                 "ms",
                 half_params,
             )

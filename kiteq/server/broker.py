@@ -67,6 +67,7 @@ class Broker:
         self.dispatcher = Dispatcher(self.store, self.router, self.groups, config.delivery, self.events)
         self.recover = RecoverLoop(self.store, self.dispatcher, config.delivery)
         self.dispatcher.on_capacity = self.recover.wake
+        self.dispatcher.on_retry = self.recover.retry_at
         self.backscan = TxBackscan(self.store, self.groups, config.tx, self.events)
         self.connections: set[BrokerConnection] = set()
         self.started_at = time.time()

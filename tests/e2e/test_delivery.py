@@ -57,6 +57,23 @@ async def test_failing_listener_gets_four_deliveries_with_growing_gaps(tmp_path:
     assert gaps[0] >= 0.4 * 0.9
 
 
+async def test_retry_is_on_time_after_the_broker_idled(tmp_path: Path) -> None:
+    """An idle recover loop waits longer and longer; a scheduled retry must still run on time."""
+    registry = registry_uri(tmp_path)
+    listener = RecordingListener(fail=lambda m: m.deliver_count == 1)
+    options = {**FAST, "retry_base": 0.2, "retry_jitter": "none"}
+    async with (
+        running_broker(tmp_path, delivery=options),
+        Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener),
+        Producer(registry, group="p", topics=["t"]) as producer,
+    ):
+        await trio.sleep(4.0)  # empty passes: the loop's idle wait has grown past 1.6 s
+        message_id = await producer.send(Message("t", "x", b"flaky"))
+        await wait_until(lambda: listener.acked[message_id] == 1, timeout=20, what="the retry")
+    first, second = listener.times[message_id]
+    assert 0.2 * 0.9 <= second - first < 1.2, f"retry after {second - first:.2f} s, due after 0.2 s"
+
+
 async def test_always_failing_message_is_dead_lettered_then_redriven(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
     healed = False

@@ -43,6 +43,7 @@ class Dispatcher:
         self.rounds: dict[str, Round] = {}
         self.lanes: dict[tuple[str, str, str], Lane] = {}
         self.on_capacity: Callable[[], None] = lambda: None
+        self.on_retry: Callable[[float], None] = lambda when: None
         self._nursery: trio.Nursery | None = None
         self._completed_send, self._completed_receive = trio.open_memory_channel[Round](math.inf)
         self.draining = False
@@ -219,6 +220,7 @@ class Dispatcher:
                     outcome.deliver_count,
                     now + delay,
                 )
+                self.on_retry(now + delay)
             case Verdict.REOFFER:
                 await self.store.update_delivery(
                     entity.message_id, outcome.succ_groups, (), outcome.deliver_count, now

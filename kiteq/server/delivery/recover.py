@@ -4,11 +4,13 @@ It is what resumes deliveries after a restart, retries after backoff, and feeds 
 group whose lane was full or whose consumers were offline. A pass that places
 nothing makes the next wait longer (up to `MAX_IDLE`), so an offline group's backlog
 is not rescanned in a tight loop; consumers connecting, bindings changing and lanes
-freeing up wake it at once.
+freeing up wake it at once, and every retry the dispatcher schedules is remembered
+(to DUE_RESOLUTION) so a pass runs when it falls due, however idle the loop is.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import structlog
@@ -22,6 +24,7 @@ log = structlog.get_logger(__name__)
 
 MAX_IDLE = 30.0
 MIN_GAP = 0.05
+DUE_RESOLUTION = 0.05  # retries falling due this close together share one pass
 
 
 class RecoverLoop:
@@ -29,15 +32,27 @@ class RecoverLoop:
         self.store = store
         self.dispatcher = dispatcher
         self.config = config
-        self._wakeup = trio.Event()
         self.passes = 0
+        self._signal = trio.Event()
+        self._woken = False
+        self._due_ticks: set[int] = set()
 
     def wake(self) -> None:
-        self._wakeup.set()
+        self._woken = True
+        self._signal.set()
+
+    def retry_at(self, when: float) -> None:
+        """A retry falls due at `when` (wall clock): a pass will run then."""
+        tick = math.ceil((trio.current_time() + max(0.0, when - time.time())) / DUE_RESOLUTION)
+        if tick not in self._due_ticks:
+            self._due_ticks.add(tick)
+            self._signal.set()
 
     async def run(self) -> None:
         idle = self.config.recover_interval
         while True:
+            now = trio.current_time()
+            self._due_ticks = {tick for tick in self._due_ticks if tick * DUE_RESOLUTION > now}
             try:
                 placed = await self.run_pass()
             except StoreError as exc:
@@ -45,9 +60,19 @@ class RecoverLoop:
                 placed = 0
             idle = self.config.recover_interval if placed else min(idle * 2, MAX_IDLE)
             await trio.sleep(MIN_GAP)
-            with trio.move_on_after(idle):
-                await self._wakeup.wait()
-            self._wakeup = trio.Event()
+            await self._wait(idle)
+
+    async def _wait(self, idle: float) -> None:
+        """Until `idle` passes, `wake()` is called, or the next retry falls due."""
+        until = trio.current_time() + idle
+        while not self._woken:
+            deadline = min(until, min(self._due_ticks, default=math.inf) * DUE_RESOLUTION)
+            if trio.current_time() >= deadline:
+                break
+            self._signal = trio.Event()
+            with trio.move_on_at(deadline):
+                await self._signal.wait()
+        self._woken = False
 
     async def run_pass(self) -> int:
         """Offer every due message once; the number of messages sent to at least one group."""
