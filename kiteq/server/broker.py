@@ -42,6 +42,7 @@ from stores import MessageStore, SharedStore, StoreError, entity_from_wire, open
 log = structlog.get_logger(__name__)
 
 STORE_TIMEOUT = 10.0
+IN_FLIGHT_LEASE_FACTOR = 2.0
 EXPIRY_TICK = 0.1
 SHUTDOWN_GRACE = 10.0
 ACCEPT_RETRY = 0.1
@@ -272,7 +273,10 @@ class Broker:
             ack(False, str(exc))
             return
         entity.created_at = now
-        entity.next_deliver_at = now
+        # Leased to the delivery about to start: the recover loop must not page a message
+        # that is on its way. Every outcome (ack, retry, deferral) rewrites this time; only
+        # a crash leaves it, and then the lease's end is when recovery delivers it again.
+        entity.next_deliver_at = now + IN_FLIGHT_LEASE_FACTOR * self.config.delivery.deliver_timeout
         entity.broker = self.address
         if entity.fly:
             ack(True, "FLY NO NEED SAVE")

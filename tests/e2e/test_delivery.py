@@ -11,6 +11,7 @@ import trio
 
 from kiteq import Binding, Consumer, Message, Producer
 from kiteq.cli.admin import main as admin_main
+from tests.faults.report import record
 from tests.helpers import RecordingListener, registry_uri, running_broker, wait_until
 from tests.procs.runner import ClientProcess
 
@@ -162,6 +163,13 @@ async def test_two_consumers_share_and_a_killed_one_loses_nothing(tmp_path: Path
                 what="every message acked by the group",
             )
             await wait_until(lambda: broker.events.total("finished") == 300)
+        acked_by_group = survivor.acked_ids | set(doomed.words("acked"))
+        record(
+            "consumer SIGKILL, deliveries in flight",
+            len(ids),
+            len(ids - acked_by_group),
+            len(survivor.deliveries) + len(doomed.words("acked")) - len(ids),
+        )
         assert broker.events.total("nacked") > 0, (
             "the killed consumer's deliveries failed and were redelivered"
         )

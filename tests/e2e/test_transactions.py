@@ -9,6 +9,7 @@ import trio
 
 from kiteq import Binding, CheckMessageListener, Consumer, Message, Producer, TxStatus
 from kiteq.server.tx.decisions import apply_decision
+from tests.faults.report import duplicates, record
 from tests.helpers import RecordingListener, registry_uri, running_broker, wait_until
 from tests.procs.runner import ClientProcess
 
@@ -92,6 +93,12 @@ async def test_killed_producer_is_answered_by_a_new_one(tmp_path: Path, answer: 
         await wait_until(lambda: set(second.words("checked")) >= ids, what="checks reaching the new producer")
         if delivered:
             await wait_until(lambda: listener.acked_ids == ids, what="committed messages delivered")
+            record(
+                "producer SIGKILL between store ack and decision",
+                len(ids),
+                0,
+                duplicates(listener.deliveries),
+            )
         else:
             await wait_until(lambda: broker.events.total("rolled_back") == 3, what="rollbacks applied")
             await trio.sleep(1.0)

@@ -106,6 +106,10 @@ class Dispatcher:
             self._complete(round_)
         return round_.dispatched
 
+    def saturated(self) -> bool:
+        """Every lane is full: offering more now only churns (they are offered when one frees)."""
+        return bool(self.lanes) and all(lane.queued >= lane.capacity for lane in self.lanes.values())
+
     def _unreachable(self, round_: Round, binding: Binding) -> None:
         """No consumer of the group is online: keep it for later, or skip a non-persistent group."""
         if binding.persistent:

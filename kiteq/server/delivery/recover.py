@@ -75,7 +75,10 @@ class RecoverLoop:
         self._woken = False
 
     async def run_pass(self) -> int:
-        """Offer every due message once; the number of messages sent to at least one group."""
+        """Offer every due message once, or until every lane is full (the rest wait in the store).
+
+        The number of messages sent to at least one group.
+        """
         now = time.time()
         cursor = None
         placed = 0
@@ -83,7 +86,7 @@ class RecoverLoop:
             page = await self.store.page_due(now, cursor, self.config.recover_page)
             for entity in page.items:
                 placed += self.dispatcher.submit(entity)
-            if page.cursor is None:
+            if page.cursor is None or self.dispatcher.saturated():
                 break
             cursor = page.cursor
         self.passes += 1

@@ -84,7 +84,10 @@ class Round:
             if count >= entity.deliver_limit:
                 return Outcome(Verdict.DEAD, succ, failed, count, "deliver-limit")
             return Outcome(Verdict.RETRY, succ, failed, count)
-        if self.dispatched or set(succ) != set(entity.succ_groups):
+        # Not sent anywhere but still leased (a fresh message whose lanes were full or whose
+        # groups were offline): due again now, so the recover loop offers it when they free up.
+        leased = entity.next_deliver_at > now
+        if self.dispatched or set(succ) != set(entity.succ_groups) or leased:
             return Outcome(Verdict.REOFFER, succ, (), count)
         return Outcome(Verdict.UNCHANGED, succ, (), count)
 

@@ -24,6 +24,7 @@ from kiteq.errors import SendError
 from kiteq.registry import Registry, open_registry
 from kiteq.registry.zk import ZooKeeperRegistry, parse_zk_uri
 from kiteq.server.broker import Broker
+from tests.faults.report import duplicates, record
 from tests.helpers import RecordingListener, broker_config, wait_until
 from tests.integration.cluster.harness import ROOT, TOPIC, send_batch, start_broker_process
 from tests.services.ports import free_port, stop_process, wait_for_port
@@ -384,6 +385,13 @@ async def test_zookeeper_outage_keeps_traffic_flowing(
                 await trio.sleep(0.25)
             await wait_until(
                 lambda: listeners["sms"].acked_ids >= sent, timeout=20, what="deliveries during the outage"
+            )
+            sms = listeners["sms"]
+            record(
+                "ZooKeeper stop + start (20 s)",
+                len(sent),
+                len(sent - sms.acked_ids),
+                duplicates(sms.deliveries),
             )
             assert not any(b.registry.connected for b in cluster), "ZooKeeper stayed away throughout"
             assert all(stored(b) > n for b, n in zip(cluster, before, strict=True)), "both brokers took sends"
