@@ -293,8 +293,10 @@ async def test_sync_consumer_closed_mid_stream_finishes_and_acks_its_listeners(t
             lambda: sync.Consumer(registry, group="g", bindings=bindings, listener=slow, max_concurrency=8)
         )
         await wait_until(lambda: len(broker.router.bindings) == 1)
-        ids = {r.message_id for r in await producer.send_many([Message("t", "x", b"m") for _ in range(100)])}
-        await wait_until(lambda: first.acked >= 20, what="the first consumer to get going")
+        ids = {r.message_id for r in await producer.send_many([Message("t", "x", b"m") for _ in range(200)])}
+        await wait_until(
+            lambda: first.acked >= 20 and running > 0, what="the first consumer busy with listeners running"
+        )
         running_at_close = running
         await trio.to_thread.run_sync(first.close)
         assert running_at_close > 0 and running == 0
@@ -304,5 +306,5 @@ async def test_sync_consumer_closed_mid_stream_finishes_and_acks_its_listeners(t
         )
         await wait_until(lambda: set(processed) == ids, timeout=20, what="the rest, by the second")
         await trio.to_thread.run_sync(second.close)
-        assert broker.events.total("acked") == 100
+        assert broker.events.total("acked") == 200
     assert max(processed.values()) == 1, "no message was processed twice"
