@@ -17,7 +17,6 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ import trio
 from benchmarks.harness import Figure, percentile
 from kiteq import Binding, Consumer, Message, MessageListener, Producer
 from kiteq.logging import configure_logging
+from tests.procs.broker import server_command
 from tests.services.ports import free_port, stop_process, wait_for_port
 
 FILE_STORE = "file://{dir}/store?fsync=batch"
@@ -96,22 +96,14 @@ def _measure(store: str, extra: tuple[str, ...], count: int, rate: float | None)
     workdir = Path(tempfile.mkdtemp(prefix="kiteq-bench-"))
     registry = f"file://{workdir}/registry.json?poll=0.1"
     port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "kiteq.cli.server",
-        "--bind",
+    command = server_command(
         f"127.0.0.1:{port}",
-        "--admin-bind",
-        "",
-        "--store",
         store.format(dir=workdir),
-        "--registry",
         registry,
         "--log-level",
         "warning",
         *(arg.format(dir=workdir) for arg in extra),
-    ]
+    )
     proc = subprocess.Popen(command, cwd=workdir, env={**os.environ})
     try:
         wait_for_port(port)

@@ -57,7 +57,6 @@ class AdoptLoop:
         self.registry = registry
         self.adopt_after = adopt_after
         self.on_adopted = on_adopted
-        self.adopted_rows = 0
 
     async def run(self) -> None:
         tracker = AbsenceTracker(self.store.owner, self.adopt_after)
@@ -82,7 +81,6 @@ class AdoptLoop:
         except StoreError as exc:
             log.warning("adoption.failed", dead_broker=dead, error=str(exc))
             return False
-        self.adopted_rows += moved
         log.info("adoption.done", dead_broker=dead, messages=moved, absent_for=self.adopt_after)
         self.on_adopted()
         return True

@@ -5,32 +5,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import trio
 
 from kiteq import Binding, Consumer, Message, Producer
 from tests.helpers import RecordingListener, registry_uri, running_broker, wait_until
+from tests.procs.broker import server_command
 from tests.services.ports import free_port, wait_for_port
 
 
 def start_broker(tmp_path: Path, port: int, store: str) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-m",
-        "kiteq.cli.server",
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--admin-bind",
-        "",
-        "--store",
-        store,
-        "--registry",
-        registry_uri(tmp_path),
-        "--retry-base",
-        "0.1",
-    ]
+    command = server_command(f"127.0.0.1:{port}", store, registry_uri(tmp_path), "--retry-base", "0.1")
     return subprocess.Popen(command, cwd=tmp_path, env={**os.environ}, stderr=subprocess.PIPE)
 
 

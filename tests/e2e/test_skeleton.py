@@ -14,6 +14,7 @@ from kiteq import AuthError, Binding, Consumer, Message, Producer, SendError
 from kiteq.client.connection import ClientConnection, Credentials
 from protocol import Cmd, encode_frame, pb
 from tests.helpers import RecordingListener, registry_uri, running_broker, wait_until
+from tests.procs.broker import server_command
 from tests.services.ports import free_port, stop_process, wait_for_port
 
 
@@ -180,19 +181,9 @@ async def test_heartbeat_is_echoed(tmp_path: Path) -> None:
 async def test_kiteq_server_subprocess_serves_clients(tmp_path: Path) -> None:
     port, admin = free_port(), free_port()
     registry = registry_uri(tmp_path)
-    command = [
-        sys.executable,
-        "-m",
-        "kiteq.cli.server",
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--admin-bind",
-        f"127.0.0.1:{admin}",
-        "--store",
-        f"file://{tmp_path}/store",
-        "--registry",
-        registry,
-    ]
+    command = server_command(
+        f"127.0.0.1:{port}", f"file://{tmp_path}/store", registry, admin=f"127.0.0.1:{admin}"
+    )
     proc = subprocess.Popen(
         command, cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE
     )

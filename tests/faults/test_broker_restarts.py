@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from kiteq import Binding, CheckMessageListener, Consumer, Message, Producer, SendError, TxStatus
+from kiteq import Binding, CheckMessageListener, Consumer, Message, Producer, TxStatus
 from tests.faults.report import duplicates, record
+from tests.faults.resend import send_until_stored
 from tests.helpers import RecordingListener, registry_uri, wait_until
 from tests.procs.broker import BrokerProcess
 
@@ -24,17 +25,6 @@ FAST = (
     "--deliver-timeout",
     "2",
 )
-
-
-async def send_until_stored(producer: Producer, message: Message) -> None:
-    """What a correct producer does: resend the same id until a broker stores it."""
-    with trio.fail_after(60):
-        while True:
-            try:
-                await producer.send(message)
-                return
-            except SendError:
-                await trio.sleep(0.1)
 
 
 async def test_sigkill_mid_load_loses_nothing_acked(tmp_path: Path) -> None:

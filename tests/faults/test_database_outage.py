@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from kiteq import Binding, Consumer, Message, Producer, SendError
+from kiteq import Binding, Consumer, Message, Producer
 from stores.mysql import init_schema
 from tests.faults.report import duplicates, record
+from tests.faults.resend import send_until_stored
 from tests.helpers import RecordingListener, registry_uri, wait_until
 from tests.procs.broker import BrokerProcess
 from tests.services.mariadb import MariaDBPair
@@ -58,14 +59,7 @@ async def test_master_outage_under_load_loses_nothing_acked(
                     nursery.start_soon(outage)
                     await trio.sleep(0.5)
                 message = Message("pay", "ok", f"order {i}".encode())
-                with trio.fail_after(60):
-                    while True:
-                        try:
-                            await producer.send(message)
-                            break
-                        except SendError:
-                            failures += 1
-                            await trio.sleep(0.1)
+                failures += await send_until_stored(producer, message)
                 acked.append(message.message_id)
             await wait_until(
                 lambda: set(acked) <= listener.acked_ids,

@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from kiteq import Binding, Consumer, Message, Producer
 from protocol import Cmd, encode_frame, pb
 from protocol.framing import HEADER
 from tests.helpers import RecordingListener, registry_uri, wait_until
+from tests.procs.broker import server_command
 from tests.services.ports import free_port, wait_for_port
 
 pytestmark = pytest.mark.faults
@@ -96,21 +96,7 @@ async def test_fuzzed_broker_stays_up_and_serves_others(tmp_path: Path) -> None:
     port = free_port()
     registry = registry_uri(tmp_path)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kiteq.cli.server",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--admin-bind",
-            "",
-            "--store",
-            "memory://",
-            "--registry",
-            registry,
-            "--log-level",
-            "error",
-        ],
+        server_command(f"127.0.0.1:{port}", "memory://", registry, "--log-level", "error"),
         cwd=tmp_path,
         env={**os.environ},
     )

@@ -15,6 +15,24 @@ import trio
 from tests.services.ports import free_port, wait_for_port
 
 
+def server_command(address: str, store: str, registry: str, *extra: str, admin: str = "") -> list[str]:
+    """`python -m kiteq.cli.server` on `address` with a store and registry; admin off unless given."""
+    return [
+        sys.executable,
+        "-m",
+        "kiteq.cli.server",
+        "--bind",
+        address,
+        "--admin-bind",
+        admin,
+        "--store",
+        store,
+        "--registry",
+        registry,
+        *extra,
+    ]
+
+
 class BrokerProcess:
     def __init__(
         self, workdir: Path, registry: str, *, store: str | None = None, extra: tuple[str, ...] = ()
@@ -33,20 +51,9 @@ class BrokerProcess:
         return f"127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        command = [
-            sys.executable,
-            "-m",
-            "kiteq.cli.server",
-            "--bind",
-            self.address,
-            "--admin-bind",
-            f"127.0.0.1:{self.admin_port}",
-            "--store",
-            self.store,
-            "--registry",
-            self.registry,
-            *self.extra,
-        ]
+        command = server_command(
+            self.address, self.store, self.registry, *self.extra, admin=f"127.0.0.1:{self.admin_port}"
+        )
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, cwd=self.workdir, env={**os.environ}, stderr=log)
         await trio.to_thread.run_sync(wait_for_port, self.port)
