@@ -6,10 +6,18 @@ caller: frames go into an outbox that one writer task flushes with a single
 per frame (the cost on loopback is per send, not per byte). The outbox is bounded
 in bytes; a peer that stops reading past that bound is disconnected rather than
 allowed to grow our memory.
+
+Under load, one send per wake-up is still one send per frame: an ack arrives, one
+delivery goes out, its ack comes back alone. So while the owner expects more frames
+shortly (`expect_more`: requests in flight on this connection), a flush that follows
+the previous one within `FLUSH_INTERVAL` waits out the rest of it and takes
+everything queued meanwhile. A connection with one request at a time (a producer
+sending synchronously) is never held back.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -21,6 +29,8 @@ log = structlog.get_logger(__name__)
 
 READ_SIZE = 256 * 1024
 DEFAULT_OUTBOX_LIMIT = 64 * 1024 * 1024
+FLUSH_INTERVAL = 0.004
+FLUSH_NOW_BYTES = 256 * 1024  # this much queued goes out without waiting
 
 
 class OutboxOverflow(Exception):
@@ -31,9 +41,14 @@ class FramedStream:
     """Frames in, frames out, over one trio stream. Owned by the caller's nursery."""
 
     def __init__(
-        self, stream: trio.abc.Stream, max_body: int, outbox_limit: int = DEFAULT_OUTBOX_LIMIT
+        self,
+        stream: trio.abc.Stream,
+        max_body: int,
+        outbox_limit: int = DEFAULT_OUTBOX_LIMIT,
+        expect_more: Callable[[], bool] = lambda: False,
     ) -> None:
         self.stream = stream
+        self.expect_more = expect_more
         self.decoder = FrameDecoder(max_body)
         self.outbox_limit = outbox_limit
         self._outbox: list[bytes] = []
@@ -42,6 +57,7 @@ class FramedStream:
         self._closed = False
         self.bytes_in = 0
         self.bytes_out = 0
+        self._sent_at = -math.inf
 
     @property
     def closed(self) -> bool:
@@ -67,9 +83,14 @@ class FramedStream:
                     await self._wakeup.wait()
                     self._wakeup = trio.Event()
                     continue
+                if self._outbox_bytes < FLUSH_NOW_BYTES and self.expect_more():
+                    pause = self._sent_at + FLUSH_INTERVAL - trio.current_time()
+                    if pause > 0:
+                        await trio.sleep(pause)
                 batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
                 data = b"".join(batch)
                 await self.stream.send_all(data)
+                self._sent_at = trio.current_time()
                 self.bytes_out += len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._closed = True

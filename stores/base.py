@@ -18,14 +18,18 @@ Contract (checked by tests/contract/, which every store passes unchanged):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
+
+import trio
 
 from stores.entity import MessageEntity
+from stores.errors import StoreError
 
 Cursor = str
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,21 @@ class MessageStore(ABC):
     async def save(self, entity: MessageEntity) -> bool:
         """Store a new message durably; False if its id was already stored."""
 
+    async def save_many(self, entities: Sequence[MessageEntity]) -> list[bool]:
+        """Store several new messages at once; one answer per entity, as `save` gives it.
+
+        Raises StoreError if any save failed (some may be stored: resending is safe, a
+        stored id answers False). Stores share one write among them where they can; this
+        default runs the saves concurrently, which a store that batches merges anyway; an
+        id given twice is saved once, by its first entity, as saving one by one would.
+        """
+        first: dict[str, int] = {}
+        for index, entity in enumerate(entities):
+            first.setdefault(entity.message_id, index)
+        saved = await _concurrently(self.save, [entities[index] for index in first.values()])
+        answers = dict(zip(first, saved, strict=True))
+        return [answers[e.message_id] and first[e.message_id] == i for i, e in enumerate(entities)]
+
     @abstractmethod
     async def get(self, message_id: str) -> MessageEntity | None:
         """The message with its body and current state, dead or alive; None if gone."""
@@ -106,6 +125,13 @@ class MessageStore(ABC):
     async def finish(self, message_id: str) -> bool:
         """Every target group acked: forget the message and reclaim its space."""
 
+    async def finish_many(self, message_ids: Sequence[str]) -> list[bool]:
+        """`finish` for each id; one answer per id. Raises StoreError if any failed.
+
+        Stores log them together where they can; this default runs them concurrently.
+        """
+        return await _concurrently(self.finish, message_ids)
+
     @abstractmethod
     async def dead_letter(self, message_id: str, reason: str) -> bool:
         """Move the message to the dead-letter queue; it is kept until redriven or purged."""
@@ -119,8 +145,14 @@ class MessageStore(ABC):
         """Delete a dead letter for good; False if it is not in the dead-letter queue."""
 
     @abstractmethod
-    async def page_due(self, now: float, after: Cursor | None, limit: int) -> Page:
-        """Committed, live messages with next_deliver_at <= now."""
+    async def page_due(
+        self, now: float, after: Cursor | None, limit: int, skip: Container[str] = frozenset()
+    ) -> Page:
+        """Committed, live messages with next_deliver_at <= now.
+
+        Ids in `skip` are passed over without being loaded and do not count toward
+        `limit`: the broker passes the messages already on their way.
+        """
 
     @abstractmethod
     async def page_uncommitted(self, older_than: float, after: Cursor | None, limit: int) -> Page:
@@ -133,6 +165,25 @@ class MessageStore(ABC):
     @abstractmethod
     async def stats(self) -> StoreStats:
         """Current counts; cheap enough to call every second."""
+
+
+async def _concurrently(call: Callable[[T], Awaitable[bool]], items: Sequence[T]) -> list[bool]:
+    """`call` on every item at once; the answers in order, or the first StoreError."""
+    answers: list[bool | StoreError] = [False] * len(items)
+
+    async def one(index: int, item: T) -> None:
+        try:
+            answers[index] = await call(item)
+        except StoreError as exc:
+            answers[index] = exc
+
+    async with trio.open_nursery() as nursery:
+        for index, item in enumerate(items):
+            nursery.start_soon(one, index, item)
+    for answer in answers:
+        if isinstance(answer, StoreError):
+            raise answer
+    return answers  # type: ignore[return-value]
 
 
 class SharedStore(MessageStore):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import heapq
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 
 from stores.base import Cursor, MessageStore, Page, StoreStats
 from stores.entity import MessageEntity
@@ -33,6 +33,12 @@ class MemoryStore(MessageStore):
             return False
         self._messages[entity.message_id] = copy.copy(entity)
         return True
+
+    async def save_many(self, entities: Sequence[MessageEntity]) -> list[bool]:
+        return [await self.save(entity) for entity in entities]
+
+    async def finish_many(self, message_ids: Sequence[str]) -> list[bool]:
+        return [await self.finish(message_id) for message_id in message_ids]
 
     async def get(self, message_id: str) -> MessageEntity | None:
         entity = self._messages.get(message_id)
@@ -102,8 +108,14 @@ class MemoryStore(MessageStore):
         del self._messages[message_id]
         return True
 
-    async def page_due(self, now: float, after: Cursor | None, limit: int) -> Page:
-        return self._page(lambda e: e.commit and not e.dead and e.next_deliver_at <= now, after, limit)
+    async def page_due(
+        self, now: float, after: Cursor | None, limit: int, skip: Container[str] = frozenset()
+    ) -> Page:
+        return self._page(
+            lambda e: e.commit and not e.dead and e.next_deliver_at <= now and e.message_id not in skip,
+            after,
+            limit,
+        )
 
     async def page_uncommitted(self, older_than: float, after: Cursor | None, limit: int) -> Page:
         return self._page(lambda e: not e.commit and not e.dead and e.created_at <= older_than, after, limit)

@@ -43,7 +43,7 @@ class Client:
         self.group = credentials.group
         self.topics = sorted(set(topics))
         self.connect_timeout = connect_timeout
-        self.pool = BrokerPool(self.registry, self.topics, credentials, self._on_request)
+        self.pool = BrokerPool(self.registry, self.topics, credentials, self._on_request, self._answers_due)
         self.delivery_log = DeliveryLog(delivery_log, self.role) if delivery_log else None
         self.address = f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
         self._nursery: trio.Nursery | None = None
@@ -99,6 +99,10 @@ class Client:
 
     async def _stopping(self) -> None:
         """Hook: finish work in flight before the connections close."""
+
+    def _answers_due(self) -> int:
+        """How many of the broker's requests are being handled (their answers will follow)."""
+        return 0
 
     async def _on_request(self, connection: ClientConnection, frame: Frame, body: object) -> None:
         log.warning(f"{self.role}.unexpected_request", cmd=frame.cmd.name)

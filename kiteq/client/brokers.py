@@ -8,7 +8,7 @@ leaves the registry. Sends pick a live connection for the topic at random.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import structlog
 import trio
@@ -30,11 +30,13 @@ class BrokerPool:
         topics: Iterable[str],
         credentials: Credentials,
         on_request: RequestHandler | None = None,
+        answers_due: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = registry
         self.topics = sorted(set(topics))
         self.credentials = credentials
         self.on_request = on_request
+        self.answers_due = answers_due
         self.servers: dict[str, list[str]] = {}
         self.connections: dict[str, ClientConnection] = {}
         self._links: dict[str, trio.CancelScope] = {}
@@ -67,7 +69,9 @@ class BrokerPool:
         delay = RECONNECT_BASE
         with scope:
             while True:
-                connection = ClientConnection(address, self.credentials, self.on_request)
+                connection = ClientConnection(
+                    address, self.credentials, self.on_request, answers_due=self.answers_due
+                )
                 try:
                     await self._serve(address, connection)
                     delay = RECONNECT_BASE
@@ -103,6 +107,9 @@ class BrokerPool:
 
     async def connection_for(self, topic: str, timeout: float) -> ClientConnection:
         """A random live connection to a broker serving `topic`, waiting up to `timeout` for one."""
+        live = self.live(topic)
+        if live and self.auth_error is None:
+            return random.choice(live)
         with trio.move_on_after(timeout):
             while True:
                 if self.auth_error is not None:

@@ -29,6 +29,7 @@ HEARTBEAT_INTERVAL = 10.0
 HEARTBEAT_TIMEOUT = 5.0
 HEARTBEAT_MISSES = 3
 CONNECT_TIMEOUT = 5.0
+EXPIRY_TICK = 0.05
 
 RequestHandler = Callable[["ClientConnection", Frame, object], Awaitable[None]]
 
@@ -41,11 +42,13 @@ class Credentials:
 
 
 class _Waiter:
-    __slots__ = ("event", "response")
+    __slots__ = ("deadline", "event", "response", "timed_out")
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
         self.event = trio.Event()
         self.response: object | None = None
+        self.timed_out = False
 
 
 class ClientConnection:
@@ -55,16 +58,22 @@ class ClientConnection:
         credentials: Credentials,
         on_request: RequestHandler | None = None,
         max_body: int = DEFAULT_MAX_BODY,
+        answers_due: Callable[[], int] = lambda: 0,
     ) -> None:
         self.address = address
         self.credentials = credentials
         self.on_request = on_request
+        self.answers_due = answers_due
         self.max_body = max_body
         self.framed: FramedStream | None = None
         self._waiters: dict[int, _Waiter] = {}
         self._opaques = itertools.cycle(range(1, 2**32))
         self._flushed = trio.Event()
         self.log = log.bind(broker=address, group=credentials.group)
+
+    def _busy(self) -> bool:
+        """More frames are on their way: answers to our requests, or our answers to the broker's."""
+        return len(self._waiters) > 1 or self.answers_due() > 1
 
     @property
     def alive(self) -> bool:
@@ -81,12 +90,13 @@ class ClientConnection:
         with trio.fail_after(CONNECT_TIMEOUT):
             stream = await trio.open_tcp_stream(host, int(port))
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-        self.framed = FramedStream(stream, self.max_body)
+        self.framed = FramedStream(stream, self.max_body, expect_more=self._busy)
         authenticated = False
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write)
                 nursery.start_soon(self._read_then_stop, nursery.cancel_scope)
+                nursery.start_soon(self._expire_requests)
                 await self._handshake()
                 task_status.started(self)
                 authenticated = True
@@ -157,16 +167,27 @@ class ClientConnection:
         if not self.alive:
             raise ConnectionClosed(f"connection to {self.address} is closed")
         opaque = next(self._opaques)
-        waiter = self._waiters[opaque] = _Waiter()
+        waiter = self._waiters[opaque] = _Waiter(trio.current_time() + timeout)
         try:
             self.send(opaque, cmd, message)
-            with trio.fail_after(timeout):
-                await waiter.event.wait()
+            await waiter.event.wait()
         finally:
             self._waiters.pop(opaque, None)
+        if waiter.timed_out:
+            raise trio.TooSlowError(f"no answer from {self.address} within {timeout:g} s")
         if waiter.response is None:
             raise ConnectionClosed(f"connection to {self.address} closed before it answered")
         return waiter.response
+
+    async def _expire_requests(self) -> None:
+        """Time out unanswered requests: one task per connection, not a cancel scope per request."""
+        while True:
+            await trio.sleep(EXPIRY_TICK)
+            now = trio.current_time()
+            for waiter in self._waiters.values():
+                if waiter.deadline <= now and not waiter.event.is_set():
+                    waiter.timed_out = True
+                    waiter.event.set()
 
     def send(self, opaque: int, cmd: Cmd, message: object) -> None:
         """Send without waiting for an answer (replies, one-way tx decisions)."""

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import structlog
 import trio
 
+from kiteq.budget import Budget
 from kiteq.client.base import Client
 from kiteq.client.connection import ClientConnection, Credentials
 from kiteq.client.listeners import MessageListener
@@ -58,9 +59,7 @@ class Consumer(Client):
         self.listener = listener
         self.message_timeout = message_timeout
         self.drain_timeout = drain_timeout
-        self._slots = trio.CapacityLimiter(max_concurrency)
-        self._running = 0
-        self._idle = trio.Event()
+        self._listening = Budget(max_concurrency)
         self._stopping_flag = False
         self.acked = 0
         self.nacked = 0
@@ -75,8 +74,10 @@ class Consumer(Client):
     async def _stopping(self) -> None:
         self._stopping_flag = True
         with trio.move_on_after(self.drain_timeout):
-            while self._running:
-                await self._idle.wait()
+            await self._listening.wait_empty()
+
+    def _answers_due(self) -> int:
+        return self._listening.used
 
     async def _on_request(self, connection: ClientConnection, frame: Frame, body: object) -> None:
         if frame.cmd not in MESSAGE_CMDS:
@@ -84,15 +85,13 @@ class Consumer(Client):
             return
         if self._stopping_flag:
             return  # not acked: the broker redelivers it (to another consumer) after its timeout
-        token = object()
-        await self._slots.acquire_on_behalf_of(token)
+        await self._listening.take()
         if self._stopping_flag:  # stop began while this delivery waited for a slot
-            self._slots.release_on_behalf_of(token)
+            self._listening.give()
             return
-        self._running += 1
-        self.nursery.start_soon(self._process, connection, frame.opaque, body, token)
+        self.nursery.start_soon(self._process, connection, frame.opaque, body)
 
-    async def _process(self, connection: ClientConnection, opaque: int, wire: object, token: object) -> None:
+    async def _process(self, connection: ClientConnection, opaque: int, wire: object) -> None:
         assert isinstance(wire, pb.BytesMessage | pb.StringMessage)
         message = Message.from_wire(wire)
         self._log("received", message)
@@ -126,11 +125,7 @@ class Consumer(Client):
         except ConnectionClosed:
             log.info("consumer.ack_lost", message_id=message.message_id, detail="the broker will redeliver")
         finally:
-            self._slots.release_on_behalf_of(token)
-            self._running -= 1
-            if not self._running:
-                self._idle.set()
-                self._idle = trio.Event()
+            self._listening.give()
 
     def _log(self, event: str, message: Message) -> None:
         if self.delivery_log is not None:

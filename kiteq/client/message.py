@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from protocol import Cmd, pb
@@ -13,8 +13,8 @@ DELIVER_COUNT_PROPERTY = "kiteq.deliverCount"
 
 
 def new_message_id() -> str:
-    """32 lowercase hex characters, the only id form KiteQ brokers accept."""
-    return uuid.uuid4().hex
+    """32 lowercase hex characters (128 random bits), the only id form KiteQ brokers accept."""
+    return os.urandom(16).hex()
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -26,7 +27,7 @@ from kiteq.delivery_log import DeliveryLog
 from kiteq.registry import Registry, open_registry
 from kiteq.registry.bindings import Binding
 from kiteq.server.adoption import AdoptLoop
-from kiteq.server.connection import BrokerConnection
+from kiteq.server.connection import BrokerConnection, MessageRequest
 from kiteq.server.delivery.dispatcher import Dispatcher
 from kiteq.server.delivery.recover import RecoverLoop
 from kiteq.server.events import Events
@@ -38,6 +39,7 @@ from kiteq.server.tx.decisions import apply_decision
 from kiteq.server.validate import InvalidMessage, validate_message
 from protocol import Cmd, TxStatus, pb
 from stores import MessageStore, SharedStore, StoreError, entity_from_wire, open_store
+from stores.entity import MessageEntity
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +48,8 @@ IN_FLIGHT_LEASE_FACTOR = 2.0
 EXPIRY_TICK = 0.1
 SHUTDOWN_GRACE = 10.0
 ACCEPT_RETRY = 0.1
+STORED = "Store Result true"
+STORED_BEFORE = "Store Result true (duplicate, stored once)"
 
 
 class Broker:
@@ -253,58 +257,60 @@ class Broker:
 
     # -- handlers -----------------------------------------------------------------------------
 
-    async def produce(
-        self, connection: BrokerConnection, opaque: int, cmd: Cmd, message: pb.BytesMessage | pb.StringMessage
-    ) -> None:
-        """Validate, store, ack, then dispatch: the ack is sent only once the store has the message."""
-        entity = entity_from_wire(cmd, message)
+    async def produce(self, connection: BrokerConnection, requests: Sequence[MessageRequest]) -> None:
+        """Validate, store, ack, then dispatch the messages of one read.
+
+        They are saved together (one fsync, one INSERT), and each is acked only once the
+        store has it.
+        """
         now = time.time()
-
-        def ack(status: bool, feedback: str) -> None:
-            connection.reply(
-                opaque,
-                Cmd.MESSAGE_STORE_ACK,
-                pb.MessageStoreAck(messageId=entity.message_id, status=status, feedback=feedback),
-            )
-
-        try:
-            validate_message(entity, now)
-        except InvalidMessage as exc:
-            ack(False, str(exc))
+        lease = now + IN_FLIGHT_LEASE_FACTOR * self.config.delivery.deliver_timeout
+        pending: list[tuple[int, MessageEntity]] = []
+        for opaque, cmd, message in requests:
+            entity = entity_from_wire(cmd, message)
+            try:
+                validate_message(entity, now)
+            except InvalidMessage as exc:
+                _ack(connection, opaque, entity, False, str(exc))
+                continue
+            entity.created_at = now
+            entity.next_deliver_at = lease
+            entity.broker = self.address
+            if entity.fly:
+                _ack(connection, opaque, entity, True, "FLY NO NEED SAVE")
+                self.dispatcher.submit(entity)
+                continue
+            pending.append((opaque, entity))
+        if not pending:
             return
-        entity.created_at = now
+        entities = [entity for _, entity in pending]
         # Leased to the delivery about to start: the recover loop must not page a message
         # that is on its way. Every outcome (ack, retry, deferral) rewrites this time; only
         # a crash leaves it, and then the lease's end is when recovery delivers it again.
-        entity.next_deliver_at = now + IN_FLIGHT_LEASE_FACTOR * self.config.delivery.deliver_timeout
-        entity.broker = self.address
-        if entity.fly:
-            ack(True, "FLY NO NEED SAVE")
-            self.dispatcher.submit(entity)
-            return
+        # Under a backlog (a lane it routes to is full) it is stored due now instead and
+        # left to the recover loop, which saves rewriting the deferral right after.
+        deliver_now = self.dispatcher.admit(entities)
+        for entity, now_or_later in zip(entities, deliver_now, strict=True):
+            entity.next_deliver_at = lease if now_or_later else now
         try:
             started = time.perf_counter()
             with trio.fail_after(STORE_TIMEOUT):
-                saved = await self.store.save(entity)
+                saved = await self.store.save_many(entities)
             store_ms = round((time.perf_counter() - started) * 1000, 3)
         except (StoreError, trio.TooSlowError) as exc:
-            log.warning(
-                "message.store_failed", conn=connection.peer, message_id=entity.message_id, error=str(exc)
-            )
-            ack(False, f"Store Result false: {exc or 'store timed out'}; resend the message")
+            log.warning("message.store_failed", conn=connection.peer, messages=len(entities), error=str(exc))
+            feedback = f"Store Result false: {exc or 'store timed out'}; resend the message"
+            for opaque, entity in pending:
+                _ack(connection, opaque, entity, False, feedback)
             return
-        ack(True, "Store Result true" if saved else "Store Result true (duplicate, stored once)")
-        if not saved:
-            return
-        self.events.emit(
-            "stored",
-            entity,
-            commit=entity.commit,
-            groups=self.dispatcher.target_groups(entity),
-            store_ms=store_ms,
-        )
-        if entity.commit:
-            self.dispatcher.submit(entity)
+        for (opaque, entity), stored, now_or_later in zip(pending, saved, deliver_now, strict=True):
+            _ack(connection, opaque, entity, True, STORED if stored else STORED_BEFORE)
+            if not stored:
+                continue
+            groups = self.dispatcher.target_groups(entity)
+            self.events.emit("stored", entity, commit=entity.commit, groups=groups, store_ms=store_ms)
+            if entity.commit and now_or_later:
+                self.dispatcher.submit(entity)
 
     async def decide(self, connection: BrokerConnection, packet: pb.TxACKPacket) -> None:
         status = decision_of(packet.status)
@@ -390,6 +396,16 @@ class Broker:
             },
             "events": totals,
         }
+
+
+def _ack(
+    connection: BrokerConnection, opaque: int, entity: MessageEntity, status: bool, feedback: str
+) -> None:
+    connection.reply(
+        opaque,
+        Cmd.MESSAGE_STORE_ACK,
+        pb.MessageStoreAck(messageId=entity.message_id, status=status, feedback=feedback),
+    )
 
 
 def _same(expected: str, given: str) -> bool:

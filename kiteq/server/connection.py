@@ -1,10 +1,11 @@
 """One client connection on the broker: handshake, then requests and answers.
 
 The reader decodes every frame of a read and handles each in order; the only
-handling that waits (storing a message, applying a tx decision) runs as a task in
-the connection's own nursery, bounded by `max_inflight_per_connection` so a fast
-producer is slowed by TCP back-pressure instead of growing our memory. Replies and
-deliveries go through the FramedStream outbox.
+handling that waits (storing messages, applying a tx decision) runs as a task in
+the connection's own nursery. The messages of one read are stored by one task (one
+save for them all), and at most `max_inflight_per_connection` messages are being
+stored at once, so a fast producer is slowed by TCP back-pressure instead of growing
+our memory. Replies and deliveries go through the FramedStream outbox.
 
 Every request this broker sends (a delivery, a tx check) is pending under this
 connection's own opaque counter; answers are matched on (connection, opaque), so
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 import structlog
 import trio
 
+from kiteq.budget import Budget
 from kiteq.errors import ProtocolError
 from kiteq.server.delivery.lanes import Delivery
 from kiteq.transport import FramedStream, OutboxOverflow
@@ -40,6 +42,10 @@ class Pending(Protocol):
     def resolve(self, ok: bool, reason: str = "") -> None: ...
 
 
+# (opaque, BYTES_MESSAGE or STRING_MESSAGE, its decoded body)
+MessageRequest = tuple[int, Cmd, "pb.BytesMessage | pb.StringMessage"]
+
+
 class Refused(Exception):
     """The connection must end now (failed auth, message before auth, overflow)."""
 
@@ -48,7 +54,7 @@ class BrokerConnection:
     def __init__(self, broker: Broker, stream: trio.SocketStream, peer: str) -> None:
         self.broker = broker
         self.peer = peer
-        self.framed = FramedStream(stream, broker.config.server.max_frame_bytes)
+        self.framed = FramedStream(stream, broker.config.server.max_frame_bytes, expect_more=self._busy)
         self.group = ""
         self.authenticated = False
         self.authenticated_at = 0.0
@@ -56,9 +62,13 @@ class BrokerConnection:
         self.inflight = 0
         self.pending: dict[int, Pending] = {}
         self._opaques: Iterator[int] = itertools.cycle(range(1, 2**32))
-        self._requests = trio.CapacityLimiter(broker.config.server.max_inflight_per_connection)
+        self._handling = Budget(broker.config.server.max_inflight_per_connection)
         self._nursery: trio.Nursery | None = None
         self.log = log.bind(conn=peer)
+
+    def _busy(self) -> bool:
+        """More frames are on their way: acks of messages being stored, or acks that free deliveries."""
+        return self.inflight > 1 or self._handling.used > 1
 
     @property
     def alive(self) -> bool:
@@ -146,6 +156,7 @@ class BrokerConnection:
 
     async def _on_frames(self, frames: list[Frame]) -> None:
         self._idle_scope.deadline = trio.current_time() + self.broker.config.server.idle_timeout
+        messages: list[MessageRequest] = []
         for frame in frames:
             if not self.authenticated and frame.cmd is not Cmd.CONN_META:
                 self.reply(
@@ -159,7 +170,15 @@ class BrokerConnection:
             except ProtocolError as exc:
                 self._refuse_body(frame, exc)
                 continue
+            if frame.cmd in MESSAGE_CMDS:
+                messages.append((frame.opaque, frame.cmd, body))  # type: ignore[arg-type]
+                continue
+            if messages:
+                await self._store(messages)
+                messages = []
             await self._handle(frame, body)
+        if messages:
+            await self._store(messages)
 
     def _refuse_body(self, frame: Frame, exc: ProtocolError) -> None:
         """A body that does not parse: answer what can be answered, keep the connection."""
@@ -176,11 +195,16 @@ class BrokerConnection:
             )
             raise Refused("undecodable ConnMeta")
 
+    async def _store(self, messages: list[MessageRequest]) -> None:
+        """Hand a read's messages to store tasks, no more per task than may be in flight at all."""
+        chunk = max(1, self._handling.limit)
+        for start in range(0, len(messages), chunk):
+            part = messages[start : start + chunk]
+            await self._spawn(len(part), self.broker.produce, self, part)
+
     async def _handle(self, frame: Frame, body: object) -> None:
         cmd = frame.cmd
-        if cmd in MESSAGE_CMDS:
-            await self._spawn(self.broker.produce, self, frame.opaque, cmd, body)
-        elif cmd is Cmd.DELIVER_ACK:
+        if cmd is Cmd.DELIVER_ACK:
             request = self._take(frame.opaque)
             if request is not None:
                 request.resolve(body.status, "" if body.status else (body.feedback or "nack"))  # type: ignore[attr-defined]
@@ -190,7 +214,7 @@ class BrokerConnection:
                 request.resolve(
                     True, TxStatus(body.status).name.lower() if body.status in (0, 1, 2) else "unknown"
                 )  # type: ignore[attr-defined]
-            await self._spawn(self.broker.decide, self, body)
+            await self._spawn(1, self.broker.decide, self, body)
         elif cmd is Cmd.HEARTBEAT:
             self.reply(frame.opaque, Cmd.HEARTBEAT, pb.HeartBeat(version=body.version))  # type: ignore[attr-defined]
         elif cmd is Cmd.CONN_META:
@@ -198,18 +222,21 @@ class BrokerConnection:
         else:
             self.log.warning("connection.unexpected_command", cmd=cmd.name)
 
-    async def _spawn(self, handler, *args: object) -> None:  # type: ignore[no-untyped-def]
-        """Run a handler that waits (on the store) without blocking the reader; bounded."""
-        token = object()
-        await self._requests.acquire_on_behalf_of(token)
-        assert self._nursery is not None
-        self._nursery.start_soon(self._run_bounded, token, handler, args)
+    async def _spawn(self, weight: int, handler, *args: object) -> None:  # type: ignore[no-untyped-def]
+        """Run a handler that waits (on the store) in a task, so the reader goes on reading.
 
-    async def _run_bounded(self, token: object, handler, args: tuple[object, ...]) -> None:  # type: ignore[no-untyped-def]
+        `weight` is how many requests it handles; once `max_inflight_per_connection` are
+        being handled, the reader waits (and TCP slows the client down).
+        """
+        await self._handling.take(weight)
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_bounded, weight, handler, args)
+
+    async def _run_bounded(self, weight: int, handler, args: tuple[object, ...]) -> None:  # type: ignore[no-untyped-def]
         try:
             await handler(*args)
         finally:
-            self._requests.release_on_behalf_of(token)
+            self._handling.give(weight)
 
     def _authenticate(self, opaque: int, meta: pb.ConnMeta) -> None:
         if self.authenticated:

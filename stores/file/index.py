@@ -26,7 +26,7 @@ import math
 import struct
 import sys
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Container, Hashable, Iterator
 from typing import Generic, NamedTuple, TypeVar
 
 from stores.entity import MessageEntity
@@ -424,10 +424,11 @@ class Index:
         self.promoted = now
         self.due.update(moved)
 
-    def page_due(self, now: float, after: str | None, limit: int) -> list[str]:
-        """Up to `limit` ids of committed, live messages due at `now`, after `after`."""
+    def page_due(self, now: float, after: str | None, limit: int, skip: Container[str]) -> list[str]:
+        """Up to `limit` ids of committed, live messages due at `now`, after `after`, not in `skip`."""
         self.promote(now)
-        return self._take(self.due.after(after), limit, lambda entry: entry.next_deliver_at <= now)
+        ids = (message_id for message_id in self.due.after(after) if message_id not in skip)
+        return self._take(ids, limit, lambda entry: entry.next_deliver_at <= now)
 
     def page_uncommitted(self, older_than: float, after: str | None, limit: int) -> list[str]:
         return self._take(self.uncommitted.after(after), limit, lambda entry: entry.created_at <= older_than)

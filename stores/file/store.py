@@ -37,7 +37,7 @@ index's size. Only one process may open a directory (LOCK, flock).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -182,11 +182,24 @@ class FileStore(MessageStore):
     # -- writes -----------------------------------------------------------------------------
 
     async def save(self, entity: MessageEntity) -> bool:
+        return (await self.save_many([entity]))[0]
+
+    async def save_many(self, entities: Sequence[MessageEntity]) -> list[bool]:
+        """Append every new message to the open batch, then wait for the batches that hold them.
+
+        A duplicate waits too: the copy it duplicates may still be in flight.
+        """
         writer = self._writable()
+        answers = [self._append(writer, entity) for entity in entities]
+        duplicate = None in answers and not writer.settled()
+        await self._wait_for([*answers, writer.sync() if duplicate else None])
+        return [batch is not None for batch in answers]
+
+    def _append(self, writer: Writer, entity: MessageEntity) -> Batch | None:
+        """Log a new message and index it; the batch that writes it, None for a stored id."""
         message_id = entity.message_id
         if message_id in self._index:
-            await self._settle(writer)
-            return False
+            return None
         payload = encode_message(entity)
         record = records.encode(RecordType.MESSAGE, payload)
         prepared = self._index.prepare(entity)
@@ -195,8 +208,7 @@ class FileStore(MessageStore):
             self._rotated(segment)
         self._index.add(message_id, segment.number, offset, len(record), entity, prepared)
         self._cache.put(message_id, payload)
-        await batch.wait()
-        return True
+        return batch
 
     async def commit(self, message_id: str) -> bool:
         return await self._change(Op(RecordType.COMMIT, message_id, 0, 0))
@@ -229,13 +241,33 @@ class FileStore(MessageStore):
     async def purge(self, message_id: str) -> bool:
         return await self._change(Op(RecordType.PURGE, message_id, 0, 0))
 
+    async def finish_many(self, message_ids: Sequence[str]) -> list[bool]:
+        writer = self._writable()
+        answers = [self._apply(writer, Op(RecordType.FINISH, message_id, 0, 0)) for message_id in message_ids]
+        await self._wait_for(batch for _, batch in answers)
+        return [accepted for accepted, _ in answers]
+
     async def _change(self, op: Op) -> bool:
         """Apply `op` to the index, log it, and wait as its kind and the fsync mode require."""
-        writer = self._writable()
+        accepted, batch = self._apply(self._writable(), op)
+        await self._wait_for((batch,))
+        return accepted
+
+    @staticmethod
+    async def _wait_for(batches: Iterable[Batch | None]) -> None:
+        """Wait for every distinct batch given (None: nothing to wait for)."""
+        waited = False
+        for batch in {id(b): b for b in batches if b is not None}.values():
+            await batch.wait()
+            waited = True
+        if not waited:
+            await trio.lowlevel.checkpoint()
+
+    def _apply(self, writer: Writer, op: Op) -> tuple[bool, Batch | None]:
+        """Apply `op` to the index and log it: (accepted, the batch to wait for, if any)."""
         entry = self._index.get(op.message_id)
         if entry is None:
-            await trio.lowlevel.checkpoint()
-            return False
+            return False, None
         op = op._replace(segment=entry.segment, offset=entry.offset)
         record = records.encode(op.rtype, encode_op(op))
         accepted, changed = self._index.apply(op)
@@ -249,18 +281,7 @@ class FileStore(MessageStore):
         elif accepted and wait and not writer.settled():
             # Nothing new to log, but an earlier change this answer reports may still be in flight.
             batch = writer.sync()
-        if wait and batch is not None:
-            await batch.wait()
-        else:
-            await trio.lowlevel.checkpoint()
-        return accepted
-
-    async def _settle(self, writer: Writer) -> None:
-        """Wait until everything appended so far is durable (per the mode)."""
-        if writer.settled():
-            await trio.lowlevel.checkpoint()
-        else:
-            await writer.sync().wait()
+        return accepted, batch if wait else None
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -282,9 +303,11 @@ class FileStore(MessageStore):
             if (now.segment, now.offset) == (entry.segment, entry.offset):
                 return self._index.apply_state(decode_message(payload, 0, len(payload)), now)
 
-    async def page_due(self, now: float, after: Cursor | None, limit: int) -> Page:
+    async def page_due(
+        self, now: float, after: Cursor | None, limit: int, skip: Container[str] = frozenset()
+    ) -> Page:
         self._readable()
-        return await self._page(self._index.page_due(now, after, _limit(limit) + 1), limit)
+        return await self._page(self._index.page_due(now, after, _limit(limit) + 1, skip), limit)
 
     async def page_uncommitted(self, older_than: float, after: Cursor | None, limit: int) -> Page:
         self._readable()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Container, Iterable
 from typing import Any
 
 import structlog
@@ -245,8 +245,10 @@ class MySQLStore(SharedStore):
         row = await self._on_master().call(queries.fetch_one, statement.text, statement.args(id=message_id))
         return from_row(row) if row is not None else None
 
-    async def page_due(self, now: float, after: Cursor | None, limit: int) -> Page:
-        return await self._page("due", after, limit, now=float(now))
+    async def page_due(
+        self, now: float, after: Cursor | None, limit: int, skip: Container[str] = frozenset()
+    ) -> Page:
+        return await self._page("due", after, limit, skip, now=float(now))
 
     async def page_uncommitted(self, older_than: float, after: Cursor | None, limit: int) -> Page:
         return await self._page("uncommitted", after, limit, older_than=float(older_than))
@@ -254,8 +256,15 @@ class MySQLStore(SharedStore):
     async def page_dead(self, after: Cursor | None, limit: int) -> Page:
         return await self._page("dead", after, limit)
 
-    async def _page(self, scan: str, after: Cursor | None, limit: int, **values: object) -> Page:
-        """One more row than asked tells whether another page follows."""
+    async def _page(
+        self,
+        scan: str,
+        after: Cursor | None,
+        limit: int,
+        skip: Container[str] = frozenset(),
+        **values: object,
+    ) -> Page:
+        """One more row than asked tells whether another page follows; skipped rows get no body."""
         if limit < 1:
             raise StoreError(f"page limit must be at least 1, got {limit}")
         statements = self._sql.scans.pages[scan]
@@ -267,7 +276,7 @@ class MySQLStore(SharedStore):
         rows = await self._scans().fetch_all(statement.text, args)
         items = [from_row(row, STATE_COLUMNS) for row in rows[:limit]]
         cursor = _encode(scan, items[-1]) if len(rows) > limit else None
-        return Page(await self._with_bodies(items), cursor)
+        return Page(await self._with_bodies([e for e in items if e.message_id not in skip]), cursor)
 
     async def _with_bodies(self, items: list[MessageEntity]) -> list[MessageEntity]:
         """The page's bodies, in one more query: the scans themselves stay on narrow index rows.

@@ -158,6 +158,17 @@ async def test_page_due_respects_time_state_and_limit(store: MessageStore) -> No
     assert len(items) == 6
 
 
+async def test_page_due_passes_over_skipped_ids(store: MessageStore) -> None:
+    due = [new_entity(next_deliver_at=100.0 + i) for i in range(5)]
+    for entity in due:
+        await store.save(entity)
+    on_their_way = {due[1].message_id, due[3].message_id}
+    items = await all_pages(lambda after, limit: store.page_due(500.0, after, limit, on_their_way), limit=2)
+    assert sorted(e.message_id for e in items) == sorted(
+        e.message_id for e in due if e.message_id not in on_their_way
+    )
+
+
 async def test_page_uncommitted_by_age(store: MessageStore) -> None:
     old = [new_entity(commit=False, created_at=100.0) for _ in range(5)]
     young = new_entity(commit=False, created_at=900.0)
@@ -166,6 +177,30 @@ async def test_page_uncommitted_by_age(store: MessageStore) -> None:
         await store.save(entity)
     items = await all_pages(lambda after, limit: store.page_uncommitted(500.0, after, limit), limit=2)
     assert sorted(e.message_id for e in items) == sorted(e.message_id for e in old)
+
+
+async def test_save_many_answers_each_message_like_save(store: MessageStore) -> None:
+    stored = new_entity()
+    await store.save(stored)
+    fresh = [new_entity() for _ in range(3)]
+    twin = new_entity()
+    twin.message_id = fresh[0].message_id
+    answers = await store.save_many([fresh[0], stored, fresh[1], twin, fresh[2]])
+    assert answers == [True, False, True, False, True]
+    for entity in fresh:
+        assert await store.get(entity.message_id) == entity
+    assert await store.save_many([]) == []
+
+
+async def test_finish_many_answers_each_id_like_finish(store: MessageStore) -> None:
+    kept, *done = [new_entity() for _ in range(3)]
+    for entity in [kept, *done]:
+        await store.save(entity)
+    unknown = uuid.uuid4().hex
+    answers = await store.finish_many([done[0].message_id, unknown, done[1].message_id])
+    assert answers == [True, False, True]
+    assert [await store.get(e.message_id) for e in done] == [None, None]
+    assert await store.get(kept.message_id) == kept
 
 
 async def test_finish_forgets(store: MessageStore) -> None:

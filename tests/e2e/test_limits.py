@@ -87,6 +87,19 @@ async def test_idle_connection_is_closed(tmp_path: Path) -> None:
 
 async def test_inflight_requests_per_connection_are_bounded(tmp_path: Path) -> None:
     async with running_broker(tmp_path, server={"max_inflight_per_connection": 4}) as broker:
+        saving, most = 0, 0
+        save_many = broker.store.save_many
+
+        async def counting_save_many(entities):  # type: ignore[no-untyped-def]
+            nonlocal saving, most
+            saving += len(entities)
+            most = max(most, saving)
+            try:
+                return await save_many(entities)
+            finally:
+                saving -= len(entities)
+
+        broker.store.save_many = counting_save_many  # type: ignore[method-assign]
         stream = await connect(broker.address)
         header = pb.Header(
             messageId="",
@@ -114,7 +127,57 @@ async def test_inflight_requests_per_connection_are_bounded(tmp_path: Path) -> N
                         break
                     buffer = buffer[19 + length :]
                     acks += 1
-        assert (await broker.store.stats()).messages == 50, "all were stored, four at a time"
+        assert (await broker.store.stats()).messages == 50, "all were stored"
+        assert most == 4, "sent in one write, they were stored four at a time"
+        await stream.aclose()
+
+
+async def test_each_message_of_one_read_gets_its_own_answer(tmp_path: Path) -> None:
+    """Messages that arrive together are stored together, but acked one by one."""
+    async with running_broker(tmp_path, server={"topics": ["t"]}) as broker:
+        stream = await connect(broker.address)
+
+        def message(opaque: int, message_id: str, message_type: str = "x") -> bytes:
+            header = pb.Header(
+                messageId=message_id,
+                topic="t",
+                messageType=message_type,
+                expiredTime=-1,
+                deliverLimit=100,
+                groupId="g",
+                commit=True,
+                fly=False,
+            )
+            return encode_frame(opaque, Cmd.BYTES_MESSAGE, pb.BytesMessage(header=header, body=b"b"))
+
+        first, second = "a" * 32, "b" * 32
+        await stream.send_all(
+            message(10, first) + message(11, "c" * 32, "x" * 300) + message(12, first) + message(13, second)
+        )
+        acks: dict[int, pb.MessageStoreAck] = {}
+        buffer = b""
+        with trio.fail_after(10):
+            while len(acks) < 4:
+                buffer += await stream.receive_some(65536)
+                while len(buffer) >= HEADER.size:
+                    opaque, cmd, _, _, length = HEADER.unpack_from(buffer)
+                    if len(buffer) < HEADER.size + length:
+                        break
+                    if cmd == Cmd.MESSAGE_STORE_ACK:
+                        acks[opaque] = pb.MessageStoreAck.FromString(
+                            buffer[HEADER.size : HEADER.size + length]
+                        )
+                    buffer = buffer[HEADER.size + length :]
+        assert {opaque: ack.status for opaque, ack in acks.items()} == {
+            10: True,
+            11: False,
+            12: True,
+            13: True,
+        }
+        assert "messageType is longer than 255" in acks[11].feedback
+        assert "duplicate" in acks[12].feedback
+        assert acks[13].messageId == second
+        assert (await broker.store.stats()).messages == 2
         await stream.aclose()
 
 

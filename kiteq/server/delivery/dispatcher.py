@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import structlog
 import trio
@@ -106,6 +106,34 @@ class Dispatcher:
             self._complete(round_)
         return round_.dispatched
 
+    def admit(self, entities: Sequence[MessageEntity]) -> list[bool]:
+        """Which of these fresh messages, submitted in order, every lane they route to can queue.
+
+        Uncommitted ones are not submitted, so they take no room (and count as admitted).
+        A full lane is marked starved, so the recover loop is woken when it frees up.
+        """
+        room: dict[tuple[str, str, str], int] = {}
+        admitted = []
+        for entity in entities:
+            if not entity.commit:
+                admitted.append(True)
+                continue
+            lanes = [
+                lane
+                for binding in self.router.route(entity.topic, entity.message_type)
+                if (lane := self.lanes.get(binding.key)) is not None
+            ]
+            fits = True
+            for lane in lanes:
+                if room.setdefault(lane.binding.key, lane.capacity - lane.queued) <= 0:
+                    lane.starved = True
+                    fits = False
+            if fits:
+                for lane in lanes:
+                    room[lane.binding.key] -= 1
+            admitted.append(fits)
+        return admitted
+
     def saturated(self) -> bool:
         """Every lane is full: offering more now only churns (they are offered when one frees)."""
         return bool(self.lanes) and all(lane.queued >= lane.capacity for lane in self.lanes.values())
@@ -121,7 +149,10 @@ class Dispatcher:
     async def _pump(self, lane: Lane) -> None:
         """Send the lane's deliveries, never more than its watermark unacked at once."""
         async for delivery in lane.receive:
-            await lane.limiter.acquire_on_behalf_of(delivery)
+            try:  # a free slot is taken without yielding, so a burst goes out in one pass
+                lane.limiter.acquire_on_behalf_of_nowait(delivery)
+            except trio.WouldBlock:
+                await lane.limiter.acquire_on_behalf_of(delivery)
             peer = None if self.draining or lane.closed else self.groups.pick(lane.group, time.time())
             if peer is None:
                 lane.limiter.release_on_behalf_of(delivery)
@@ -170,18 +201,43 @@ class Dispatcher:
         self._completed_send.send_nowait(round_)
 
     async def _record_completed(self) -> None:
-        """Write each finished round's outcome; the round is forgotten only once it is stored."""
+        """Write finished rounds' outcomes; a round is forgotten only once its outcome is stored.
+
+        Rounds that completed together are recorded together: their finishes in one call.
+        """
         async for round_ in self._completed_receive:
-            outcome = round_.outcome(time.time())
+            rounds = [round_]
+            while True:
+                try:
+                    rounds.append(self._completed_receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            try:
+                await self._record_all(rounds)
+            finally:
+                for done in rounds:
+                    self.rounds.pop(done.message_id, None)
+                if not self.rounds:
+                    self._idle.set()
+                    self._idle = trio.Event()
+
+    async def _record_all(self, rounds: list[Round]) -> None:
+        now = time.time()
+        outcomes = [(round_, round_.outcome(now)) for round_ in rounds]
+        finished = [round_ for round_, outcome in outcomes if outcome.verdict is Verdict.FINISH]
+        try:
+            await self.store.finish_many([r.message_id for r in finished if not r.entity.fly])
+            for round_ in finished:
+                self.events.emit("finished", round_.entity)
+        except StoreError as exc:
+            log.warning("delivery.record_failed", messages=len(finished), error=str(exc))
+        for round_, outcome in outcomes:
+            if outcome.verdict is Verdict.FINISH:
+                continue
             try:
                 await self._record(round_, outcome)
             except StoreError as exc:
                 log.warning("delivery.record_failed", message_id=round_.message_id, error=str(exc))
-            finally:
-                self.rounds.pop(round_.message_id, None)
-                if not self.rounds:
-                    self._idle.set()
-                    self._idle = trio.Event()
 
     def drain(self) -> None:
         """Stop sending: queued deliveries go back to the store; in-flight ones may still finish."""
@@ -195,16 +251,12 @@ class Dispatcher:
             await self._idle.wait()
 
     async def _record(self, round_: Round, outcome: Outcome) -> None:
+        """Store an outcome other than FINISH (fly messages have nothing stored)."""
         entity = round_.entity
         if entity.fly:
-            if outcome.verdict is Verdict.FINISH:
-                self.events.emit("finished", entity)
             return
         now = time.time()
         match outcome.verdict:
-            case Verdict.FINISH:
-                await self.store.finish(entity.message_id)
-                self.events.emit("finished", entity)
             case Verdict.DEAD:
                 await self.store.dead_letter(entity.message_id, outcome.reason)
                 self.events.emit(
@@ -229,7 +281,7 @@ class Dispatcher:
                 await self.store.update_delivery(
                     entity.message_id, outcome.succ_groups, (), outcome.deliver_count, now
                 )
-            case Verdict.UNCHANGED:
+            case Verdict.UNCHANGED | Verdict.FINISH:
                 pass
 
     # -- introspection ------------------------------------------------------------------

@@ -83,7 +83,7 @@ class RecoverLoop:
         cursor = None
         placed = 0
         while True:
-            page = await self.store.page_due(now, cursor, self.config.recover_page)
+            page = await self.store.page_due(now, cursor, self.config.recover_page, self.dispatcher.rounds)
             for entity in page.items:
                 placed += self.dispatcher.submit(entity)
             if page.cursor is None or self.dispatcher.saturated():

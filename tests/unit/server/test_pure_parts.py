@@ -7,13 +7,17 @@ import uuid
 
 import pytest
 
+from kiteq.config import DeliveryConfig
 from kiteq.registry.bindings import Binding, BindingError, check_conflicts
+from kiteq.server.delivery.dispatcher import Dispatcher
 from kiteq.server.delivery.retry import backoff_delay
 from kiteq.server.delivery.rounds import Round, Verdict
+from kiteq.server.events import Events
 from kiteq.server.groups import WARMUP_FLOOR, GroupTable, warmup_weight
 from kiteq.server.routing import Router
 from kiteq.server.validate import MAX_TTL_SECONDS, InvalidMessage, validate_message
 from stores import MessageEntity
+from stores.memory import MemoryStore
 
 NOW = 1_800_000_000.0
 
@@ -142,3 +146,23 @@ def test_round_outcomes() -> None:
     assert r3.outcome(NOW).verdict is Verdict.FINISH
     assert r3.outcome(NOW + 1000).reason == "expired"
     assert Round.of(e, frozenset()).outcome(NOW).reason == "no-binding"
+
+
+def test_admission_reserves_lane_room_for_committed_messages_in_order() -> None:
+    bindings = [Binding.direct("trade", "pay-succ", group="sms"), Binding.fanout("trade", group="all")]
+    router = Router()
+    router.update(bindings)
+    dispatcher = Dispatcher(MemoryStore(), router, GroupTable(), DeliveryConfig(lane_capacity=2), Events())
+    dispatcher.sync_lanes(bindings)
+    fresh = [
+        entity(),
+        entity(commit=False),
+        entity(message_type="refund"),
+        entity(),
+        entity(message_type="refund"),
+    ]
+    assert dispatcher.admit(fresh) == [True, True, True, False, False], (
+        "the fanout lane holds two; the uncommitted message takes no room"
+    )
+    starved = {lane.group for lane in dispatcher.lanes.values() if lane.starved}
+    assert starved == {"all"}
