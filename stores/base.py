@@ -150,8 +150,10 @@ class MessageStore(ABC):
     ) -> Page:
         """Committed, live messages with next_deliver_at <= now.
 
-        Ids in `skip` are passed over without being loaded and do not count toward
-        `limit`: the broker passes the messages already on their way.
+        Ids in `skip` are passed over without their bodies being loaded: the broker passes
+        the messages already on their way. A page may then hold fewer than `limit` items
+        (the file and memory stores fill it from further ids, MySQL does not); the cursor
+        still says whether more follow.
         """
 
     @abstractmethod
