@@ -84,7 +84,7 @@ def entity_from_wire(kind: Cmd, message: pb.BytesMessage | pb.StringMessage) -> 
         message_type=header.messageType,
         producer_group=header.groupId,
         body=body,
-        kind=Cmd(kind),
+        kind=kind if type(kind) is Cmd else Cmd(kind),
         expired_time=header.expiredTime,
         deliver_limit=header.deliverLimit,
         commit=header.commit,

@@ -14,6 +14,7 @@ import trio
 
 from kiteq.config import load_config
 from kiteq.errors import KiteQError, leaf_error
+from kiteq.gc_tuning import tune_gc
 from kiteq.logging import configure_logging
 from kiteq.server.broker import Broker
 
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, overrides)
         configure_logging(config.server.log_level, config.server.log_format)
+        tune_gc()
         trio.run(serve, Broker(config))
     except (KiteQError, OSError, BaseExceptionGroup) as exc:
         error = leaf_error(exc, (KiteQError, OSError))

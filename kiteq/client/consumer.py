@@ -97,10 +97,13 @@ class Consumer(Client):
         self._log("received", message)
         ok, feedback = False, ""
         try:
-            with trio.move_on_after(self.message_timeout or float("inf")) as scope:
+            if self.message_timeout is None:
                 ok = bool(await self.listener.on_message(message))
-            if scope.cancelled_caught:
-                feedback = f"listener exceeded {self.message_timeout} s"
+            else:
+                with trio.move_on_after(self.message_timeout) as scope:
+                    ok = bool(await self.listener.on_message(message))
+                if scope.cancelled_caught:
+                    feedback = f"listener exceeded {self.message_timeout} s"
         except Exception as exc:
             feedback = f"listener raised {type(exc).__name__}: {exc}"
             log.warning("consumer.listener_failed", message_id=message.message_id, error=feedback)

@@ -265,8 +265,8 @@ class Broker:
         """
         now = time.time()
         lease = now + IN_FLIGHT_LEASE_FACTOR * self.config.delivery.deliver_timeout
-        pending: list[tuple[int, MessageEntity]] = []
-        for opaque, cmd, message in requests:
+        pending: list[tuple[int, MessageEntity, bytes]] = []
+        for opaque, cmd, message, sent in requests:
             entity = entity_from_wire(cmd, message)
             try:
                 validate_message(entity, now)
@@ -278,12 +278,12 @@ class Broker:
             entity.broker = self.address
             if entity.fly:
                 _ack(connection, opaque, entity, True, "FLY NO NEED SAVE")
-                self.dispatcher.submit(entity)
+                self.dispatcher.submit(entity, sent)
                 continue
-            pending.append((opaque, entity))
+            pending.append((opaque, entity, sent))
         if not pending:
             return
-        entities = [entity for _, entity in pending]
+        entities = [entity for _, entity, _ in pending]
         # Leased to the delivery about to start: the recover loop must not page a message
         # that is on its way. Every outcome (ack, retry, deferral) rewrites this time; only
         # a crash leaves it, and then the lease's end is when recovery delivers it again.
@@ -300,17 +300,17 @@ class Broker:
         except (StoreError, trio.TooSlowError) as exc:
             log.warning("message.store_failed", conn=connection.peer, messages=len(entities), error=str(exc))
             feedback = f"Store Result false: {exc or 'store timed out'}; resend the message"
-            for opaque, entity in pending:
+            for opaque, entity, _ in pending:
                 _ack(connection, opaque, entity, False, feedback)
             return
-        for (opaque, entity), stored, now_or_later in zip(pending, saved, deliver_now, strict=True):
+        for (opaque, entity, sent), stored, now_or_later in zip(pending, saved, deliver_now, strict=True):
             _ack(connection, opaque, entity, True, STORED if stored else STORED_BEFORE)
             if not stored:
                 continue
             groups = self.dispatcher.target_groups(entity)
             self.events.emit("stored", entity, commit=entity.commit, groups=groups, store_ms=store_ms)
             if entity.commit and now_or_later:
-                self.dispatcher.submit(entity)
+                self.dispatcher.submit(entity, sent)
 
     async def decide(self, connection: BrokerConnection, packet: pb.TxACKPacket) -> None:
         status = decision_of(packet.status)

@@ -65,6 +65,8 @@ class GroupTable:
         live = [p for p in self._groups.get(group, ()) if p.alive]
         if not live:
             return None
-        eligible = [p for p in live if self._rng.random() < warmup_weight(p, now)] or live
+        eligible = [
+            p for p in live if p.warmup_seconds <= 0 or self._rng.random() < warmup_weight(p, now)
+        ] or live
         least = min(p.inflight for p in eligible)
         return self._rng.choice([p for p in eligible if p.inflight == least])

@@ -31,19 +31,18 @@ def validate_message(entity: MessageEntity, now: float, limits: Limits = Limits(
     """Refuse a malformed message and normalise its limits in place (as KiteQ does)."""
     if not MESSAGE_ID.fullmatch(entity.message_id):
         raise InvalidMessage("Invalid MessageId For UUID! messageId must be 32 hex characters")
-    for name, value in (
-        ("topic", entity.topic),
-        ("messageType", entity.message_type),
-        ("groupId", entity.producer_group),
-    ):
-        if not value:
-            raise InvalidMessage(f"header.{name} must not be empty")
-        if len(value) > limits.max_name_length:
-            raise InvalidMessage(f"header.{name} is longer than {limits.max_name_length} characters")
-    if len(entity.properties) > limits.max_properties:
-        raise InvalidMessage(f"more than {limits.max_properties} properties")
-    if sum(len(k) + len(v) for k, v in entity.properties.items()) > limits.max_property_bytes:
-        raise InvalidMessage(f"properties exceed {limits.max_property_bytes} bytes")
+    longest = limits.max_name_length
+    if not (
+        0 < len(entity.topic) <= longest
+        and 0 < len(entity.message_type) <= longest
+        and 0 < len(entity.producer_group) <= longest
+    ):  # checked at once first: this runs for every message
+        _refuse_names(entity, longest)
+    if entity.properties:
+        if len(entity.properties) > limits.max_properties:
+            raise InvalidMessage(f"more than {limits.max_properties} properties")
+        if sum(len(k) + len(v) for k, v in entity.properties.items()) > limits.max_property_bytes:
+            raise InvalidMessage(f"properties exceed {limits.max_property_bytes} bytes")
     if entity.fly and not entity.commit:
         raise InvalidMessage("FLY MUST BE COMMITTED ! a fly message cannot be transactional")
     if entity.deliver_limit <= 0 or entity.deliver_limit > MAX_DELIVER_LIMIT:
@@ -54,3 +53,15 @@ def validate_message(entity: MessageEntity, now: float, limits: Limits = Limits(
         entity.expired_time = int(now) + MAX_TTL_SECONDS
     if entity.create_time <= 0:
         entity.create_time = int(now)
+
+
+def _refuse_names(entity: MessageEntity, longest: int) -> None:
+    for name, value in (
+        ("topic", entity.topic),
+        ("messageType", entity.message_type),
+        ("groupId", entity.producer_group),
+    ):
+        if not value:
+            raise InvalidMessage(f"header.{name} must not be empty")
+        if len(value) > longest:
+            raise InvalidMessage(f"header.{name} is longer than {longest} characters")

@@ -267,14 +267,15 @@ class Index:
         if self.tracking:
             self._unlink(message_id, unpack(old))
 
-    def apply(self, op: Op, *, check_location: bool = False) -> tuple[bool, bool]:
+    def apply(self, op: Op, *, check_location: bool = False, entry: Entry | None = None) -> tuple[bool, bool]:
         """Apply one state change: (accepted, changed).
 
         `accepted` is the store call's answer; `changed` says whether anything must be
         logged. Replay passes `check_location` so an op applies only to the record
-        it was written for.
+        it was written for. `entry`: the op's entry, if the caller just looked it up.
         """
-        entry = self.get(op.message_id)
+        if entry is None:
+            entry = self.get(op.message_id)
         if entry is None:
             return False, False
         if check_location and (entry.segment, entry.offset) != (op.segment, op.offset):

@@ -242,14 +242,13 @@ class FileStore(MessageStore):
         return await self._change(Op(RecordType.PURGE, message_id, 0, 0))
 
     async def finish_many(self, message_ids: Sequence[str]) -> list[bool]:
-        writer = self._writable()
-        answers = [self._apply(writer, Op(RecordType.FINISH, message_id, 0, 0)) for message_id in message_ids]
-        await self._wait_for(batch for _, batch in answers)
-        return [accepted for accepted, _ in answers]
+        answers, batch = self._apply(self._writable(), [Op(RecordType.FINISH, i, 0, 0) for i in message_ids])
+        await self._wait_for((batch,))
+        return answers
 
     async def _change(self, op: Op) -> bool:
         """Apply `op` to the index, log it, and wait as its kind and the fsync mode require."""
-        accepted, batch = self._apply(self._writable(), op)
+        (accepted,), batch = self._apply(self._writable(), [op])
         await self._wait_for((batch,))
         return accepted
 
@@ -263,25 +262,40 @@ class FileStore(MessageStore):
         if not waited:
             await trio.lowlevel.checkpoint()
 
-    def _apply(self, writer: Writer, op: Op) -> tuple[bool, Batch | None]:
-        """Apply `op` to the index and log it: (accepted, the batch to wait for, if any)."""
-        entry = self._index.get(op.message_id)
-        if entry is None:
-            return False, None
-        op = op._replace(segment=entry.segment, offset=entry.offset)
-        record = records.encode(op.rtype, encode_op(op))
-        accepted, changed = self._index.apply(op)
-        wait = op.rtype in DECISIONS or writer.mode is FsyncMode.ALWAYS
+    def _apply(self, writer: Writer, ops: Sequence[Op]) -> tuple[list[bool], Batch | None]:
+        """Apply `ops` to the index and log them with one append: (answers, the batch to wait for).
+
+        The batch is None unless one of them must be durable before it is answered.
+        """
+        answers: list[bool] = []
+        logged: list[bytes] = []
+        durable = settle = removed = False
+        for op in ops:
+            entry = self._index.get(op.message_id)
+            if entry is None:
+                answers.append(False)
+                continue
+            op = op._replace(segment=entry.segment, offset=entry.offset)
+            accepted, changed = self._index.apply(op, entry=entry)
+            answers.append(accepted)
+            wait = op.rtype in DECISIONS or writer.mode is FsyncMode.ALWAYS
+            if changed:
+                logged.append(records.encode(op.rtype, encode_op(op)))
+                durable = durable or wait
+                if op.rtype in REMOVALS:
+                    self._cache.discard(op.message_id)
+                    removed = True
+            elif accepted and wait:
+                # Nothing new to log, but an earlier change this answer reports may still be in flight.
+                settle = True
         batch: Batch | None = None
-        if changed:
-            batch = writer.append_op(record, durable=wait)
-            if op.rtype in REMOVALS:
-                self._cache.discard(op.message_id)
+        if logged:
+            batch = writer.append_ops(logged, durable=durable)
+            if removed:
                 self._reclaim_emptied(writer)
-        elif accepted and wait and not writer.settled():
-            # Nothing new to log, but an earlier change this answer reports may still be in flight.
+        if settle and not writer.settled():
             batch = writer.sync()
-        return accepted, batch if wait else None
+        return answers, batch if durable or settle else None
 
     # -- reads ------------------------------------------------------------------------------
 

@@ -159,10 +159,11 @@ class Writer:
             self._touch(batch, durable)
         return segment, offset, batch
 
-    def append_op(self, record: bytes, *, durable: bool) -> Batch:
+    def append_ops(self, records: list[bytes], *, durable: bool) -> Batch:
+        """Queue operation-log records (under one lock, however many); the batch that writes them."""
         with self._cond:
             batch = self._open
-            batch.log.append(record)
+            batch.log.extend(records)
             self._touch(batch, durable)
         return batch
 

@@ -30,6 +30,8 @@ from stores.entity import MessageEntity
 
 log = structlog.get_logger(__name__)
 
+PUMP_BURST = 64
+
 
 class Dispatcher:
     def __init__(
@@ -77,16 +79,17 @@ class Dispatcher:
 
     # -- sending ----------------------------------------------------------------------
 
-    def submit(self, entity: MessageEntity) -> bool:
+    def submit(self, entity: MessageEntity, sent: bytes = b"") -> bool:
         """Offer a committed message to its groups; False if no lane took it (busy or offline).
 
-        A message already in a round is left alone: it is on its way.
+        A message already in a round is left alone: it is on its way. `sent`: the body
+        as the producer serialized it, for a message just received (see `Round.of`).
         """
         if self.draining or entity.message_id in self.rounds:
             return False
         bindings = self.router.route(entity.topic, entity.message_type)
         owed = [b for b in bindings if b.group not in entity.succ_groups]
-        round_ = Round.of(entity, frozenset(b.group for b in bindings))
+        round_ = Round.of(entity, frozenset(b.group for b in bindings), sent)
         self.rounds[entity.message_id] = round_
         if not bindings or entity.is_expired(time.time()):
             self._complete(round_)
@@ -125,7 +128,9 @@ class Dispatcher:
             ]
             fits = True
             for lane in lanes:
-                if room.setdefault(lane.binding.key, lane.capacity - lane.queued) <= 0:
+                if lane.binding.key not in room:
+                    room[lane.binding.key] = lane.capacity - lane.queued
+                if room[lane.binding.key] <= 0:
                     lane.starved = True
                     fits = False
             if fits:
@@ -148,7 +153,8 @@ class Dispatcher:
 
     async def _pump(self, lane: Lane) -> None:
         """Send the lane's deliveries, never more than its watermark unacked at once."""
-        async for delivery in lane.receive:
+        sent = 0
+        while (delivery := await lane.next()) is not None:
             try:  # a free slot is taken without yielding, so a burst goes out in one pass
                 lane.limiter.acquire_on_behalf_of_nowait(delivery)
             except trio.WouldBlock:
@@ -165,6 +171,9 @@ class Dispatcher:
                 group=lane.group,
                 attempt=delivery.round.entity.deliver_count + 1,
             )
+            sent += 1
+            if sent % PUMP_BURST == 0:  # a long burst still lets the rest of the broker run
+                await trio.lowlevel.checkpoint()
 
     def _give_back(self, delivery: Delivery) -> None:
         """A queued delivery that was never sent (group offline, binding removed, shutting down)."""

@@ -5,11 +5,15 @@ unacked, so a group never has more than `watermark` deliveries of that binding i
 flight. The queue in front of it is bounded too: when it is full the message is not
 queued at all — it stays in the store, due, and the recover loop offers it again.
 That is what keeps the broker's memory flat under any backlog.
+
+The queue is a deque, not a memory channel: a channel's `receive` yields on every
+item, and the pump would pay a trip through the scheduler per delivery.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,7 +52,8 @@ class Lane:
 
     def __post_init__(self) -> None:
         self.limiter = trio.CapacityLimiter(self.binding.watermark)
-        self._send, self.receive = trio.open_memory_channel[Delivery](self.capacity)
+        self._queue: deque[Delivery] = deque()
+        self._arrived = trio.Event()
 
     @property
     def group(self) -> str:
@@ -56,20 +61,29 @@ class Lane:
 
     @property
     def queued(self) -> int:
-        return self._send.statistics().current_buffer_used
+        return len(self._queue)
 
     @property
     def inflight(self) -> int:
         return self.limiter.borrowed_tokens
 
     def offer(self, delivery: Delivery) -> bool:
-        """Queue without waiting; False (and remember it) when the lane is full."""
-        try:
-            self._send.send_nowait(delivery)
-        except trio.WouldBlock:
+        """Queue without waiting; False (and remember it) when the lane is full or closed."""
+        if self.closed or len(self._queue) >= self.capacity:
             self.starved = True
             return False
+        self._queue.append(delivery)
+        self._arrived.set()
         return True
+
+    async def next(self) -> Delivery | None:
+        """The oldest queued delivery, without yielding if there is one; None once closed and empty."""
+        while not self._queue:
+            if self.closed:
+                return None
+            self._arrived = trio.Event()
+            await self._arrived.wait()
+        return self._queue.popleft()
 
     def rebind(self, binding: Binding) -> None:
         """Apply a changed watermark (or persistent flag) to the running lane."""
@@ -79,4 +93,4 @@ class Lane:
     def close(self) -> None:
         """No more offers; what is queued is given back by the pump, not sent."""
         self.closed = True
-        self._send.close()
+        self._arrived.set()

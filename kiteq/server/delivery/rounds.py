@@ -7,9 +7,10 @@ everyone answered — what the store must record (`Outcome`).
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass, field
 
-from protocol import Cmd
+from protocol import Cmd, pb
 from stores.entity import MessageEntity
 
 
@@ -43,10 +44,22 @@ class Round:
     dispatched: bool = False
 
     @classmethod
-    def of(cls, entity: MessageEntity, targets: frozenset[str]) -> Round:
-        wire = entity.to_wire()
-        wire.header.properties.add(key=DELIVER_COUNT_PROPERTY, value=str(entity.deliver_count + 1))
-        return cls(entity, entity.kind, wire.SerializeToString(), targets, succ=set(entity.succ_groups))
+    def of(cls, entity: MessageEntity, targets: frozenset[str], sent: bytes = b"") -> Round:
+        """A round for `entity`; `sent` is the body as its producer serialized it, when at hand.
+
+        Re-serializing a message costs more than the rest of its delivery. So a fresh
+        message goes out as the producer's bytes followed by a second, partial header:
+        protobuf parsers merge repeated occurrences of a message field (scalars: last
+        wins; repeated: appended), so every client reads the normalised limits and
+        times and the deliver count, exactly as if the header had been rebuilt.
+        """
+        if sent:
+            body = sent + _header_update(entity)
+        else:
+            wire = entity.to_wire()
+            wire.header.properties.add(key=DELIVER_COUNT_PROPERTY, value=str(entity.deliver_count + 1))
+            body = wire.SerializeToString()
+        return cls(entity, entity.kind, body, targets, succ=set(entity.succ_groups))
 
     @property
     def message_id(self) -> str:
@@ -95,3 +108,24 @@ class Round:
 # Deliveries carry their round number as a header property: KiteQ's header has no
 # field for it and its clients ignore properties they do not know.
 DELIVER_COUNT_PROPERTY = "kiteq.deliverCount"
+
+
+def _header_update(entity: MessageEntity) -> bytes:
+    """What the broker changed in a header as produced: the normalised fields and the deliver count."""
+    return _encoded_header_update(
+        entity.expired_time, entity.deliver_limit, entity.create_time, entity.deliver_count + 1
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _encoded_header_update(
+    expired_time: int, deliver_limit: int, create_time: int, deliver_count: int
+) -> bytes:
+    """Cached: the messages produced in one second share all four values (times are in seconds)."""
+    header = pb.Header(
+        expiredTime=expired_time,
+        deliverLimit=deliver_limit,
+        createTime=create_time,
+        properties=[pb.Entry(key=DELIVER_COUNT_PROPERTY, value=str(deliver_count))],
+    )
+    return pb.BytesMessage(header=header).SerializePartialToString()

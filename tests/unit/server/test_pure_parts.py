@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from kiteq.client.message import Message
 from kiteq.config import DeliveryConfig
 from kiteq.registry.bindings import Binding, BindingError, check_conflicts
 from kiteq.server.delivery.dispatcher import Dispatcher
@@ -16,7 +17,10 @@ from kiteq.server.events import Events
 from kiteq.server.groups import WARMUP_FLOOR, GroupTable, warmup_weight
 from kiteq.server.routing import Router
 from kiteq.server.validate import MAX_TTL_SECONDS, InvalidMessage, validate_message
+from protocol import Cmd
+from protocol.commands import BODY_TYPES
 from stores import MessageEntity
+from stores.entity import entity_from_wire
 from stores.memory import MemoryStore
 
 NOW = 1_800_000_000.0
@@ -119,6 +123,28 @@ def test_pick_prefers_least_loaded_and_discounts_warming_peers() -> None:
     idle.alive = busy.alive = False
     assert table.pick("g", NOW) is warming, "the only live peer is picked even while warming"
     assert table.pick("nobody", NOW) is None
+
+
+@pytest.mark.parametrize("kind", [Cmd.BYTES_MESSAGE, Cmd.STRING_MESSAGE])
+def test_a_fresh_delivery_reads_as_if_its_header_were_rebuilt(kind: Cmd) -> None:
+    """The producer's bytes plus a header update parse to the same message as a full re-encode."""
+    body: bytes | str = "payload" if kind is Cmd.STRING_MESSAGE else b"payload"
+    produced = Message(
+        "trade", "pay-succ", body, group="order-svc", properties={"k": "v"}, expired_time=-1, deliver_limit=0
+    ).to_wire()
+    sent = produced.SerializeToString()
+    e = entity_from_wire(kind, produced)
+    validate_message(e, NOW)
+    assert e.expired_time != produced.header.expiredTime, "the broker normalised a field the bytes still hold"
+    fast, slow = Round.of(e, frozenset({"a"}), sent), Round.of(e, frozenset({"a"}))
+    assert fast.body != slow.body, "the fast path did not send the producer's bytes"
+    fast_wire, slow_wire = BODY_TYPES[kind](), BODY_TYPES[kind]()
+    fast_wire.ParseFromString(fast.body)
+    slow_wire.ParseFromString(slow.body)
+    assert fast_wire == slow_wire
+    received = Message.from_wire(fast_wire)
+    assert (received.deliver_count, received.expired_time, received.deliver_limit) == (1, e.expired_time, 100)
+    assert received.properties == {"k": "v"} and received.body == body
 
 
 def test_round_outcomes() -> None:
