@@ -8,6 +8,20 @@ import sys
 import structlog
 
 
+class _CurrentStderr:
+    """Writes to `sys.stderr` as it is at each write, not as it was at configuration.
+
+    Whoever swaps `sys.stderr` (pytest's capture, an embedding app) and later closes
+    its stream would otherwise leave every logger writing to a closed file.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "info", fmt: str = "console") -> None:
     """Route structlog (and stdlib logging of libraries) to stderr at `level`."""
     numeric = logging.getLevelNamesMapping().get(level.upper())
@@ -25,7 +39,7 @@ def configure_logging(level: str = "info", fmt: str = "console") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(_CurrentStderr()),  # type: ignore[arg-type]
         # Not cached: loggers are created at import time and must follow later
         # configuration (tests, embedding apps); the per-message path does not log.
         cache_logger_on_first_use=False,

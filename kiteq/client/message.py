@@ -52,29 +52,32 @@ class Message:
         return Cmd.STRING_MESSAGE if isinstance(self.body, str) else Cmd.BYTES_MESSAGE
 
     def header(self) -> pb.Header:
-        expired = self.expired_time
-        if self.ttl is not None:
-            expired = int(time.time() + self.ttl)
-        header = pb.Header(
-            messageId=self.message_id,
-            topic=self.topic,
-            messageType=self.message_type,
-            expiredTime=expired,
-            deliverLimit=self.deliver_limit,
-            groupId=self.group,
-            commit=self.commit,
-            fly=self.fly,
-            createTime=self.create_time or int(time.time()),
-            snappy=self.snappy,
-        )
-        for key, value in self.properties.items():
-            header.properties.add(key=key, value=value)
+        header = pb.Header()
+        self._fill(header)
         return header
 
     def to_wire(self) -> pb.BytesMessage | pb.StringMessage:
+        # The header is filled in place: building it apart and passing it in copies it.
         if isinstance(self.body, str):
-            return pb.StringMessage(header=self.header(), body=self.body)
-        return pb.BytesMessage(header=self.header(), body=bytes(self.body))
+            wire: pb.BytesMessage | pb.StringMessage = pb.StringMessage(body=self.body)
+        else:
+            wire = pb.BytesMessage(body=bytes(self.body))
+        self._fill(wire.header)
+        return wire
+
+    def _fill(self, header: pb.Header) -> None:
+        header.messageId = self.message_id
+        header.topic = self.topic
+        header.messageType = self.message_type
+        header.expiredTime = self.expired_time if self.ttl is None else int(time.time() + self.ttl)
+        header.deliverLimit = self.deliver_limit
+        header.groupId = self.group
+        header.commit = self.commit
+        header.fly = self.fly
+        header.createTime = self.create_time or int(time.time())
+        header.snappy = self.snappy
+        for key, value in self.properties.items():
+            header.properties.add(key=key, value=value)
 
     @classmethod
     def from_header(cls, header: pb.Header, body: bytes | str) -> Message:
