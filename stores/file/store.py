@@ -265,32 +265,35 @@ class FileStore(MessageStore):
     def _apply(self, writer: Writer, ops: Sequence[Op]) -> tuple[list[bool], Batch | None]:
         """Apply `ops` to the index and log them with one append: (answers, the batch to wait for).
 
-        The batch is None unless one of them must be durable before it is answered.
+        The batch is None unless one of them must be durable before it is answered. If
+        one fails (an op that cannot be encoded), those before it are still logged: the
+        index holds them already.
         """
         answers: list[bool] = []
         logged: list[bytes] = []
         durable = settle = removed = False
-        for op in ops:
-            entry = self._index.get(op.message_id)
-            if entry is None:
-                answers.append(False)
-                continue
-            op = op._replace(segment=entry.segment, offset=entry.offset)
-            accepted, changed = self._index.apply(op, entry=entry)
-            answers.append(accepted)
-            wait = op.rtype in DECISIONS or writer.mode is FsyncMode.ALWAYS
-            if changed:
-                logged.append(records.encode(op.rtype, encode_op(op)))
-                durable = durable or wait
-                if op.rtype in REMOVALS:
-                    self._cache.discard(op.message_id)
-                    removed = True
-            elif accepted and wait:
-                # Nothing new to log, but an earlier change this answer reports may still be in flight.
-                settle = True
-        batch: Batch | None = None
-        if logged:
-            batch = writer.append_ops(logged, durable=durable)
+        try:
+            for op in ops:
+                entry = self._index.get(op.message_id)
+                if entry is None:
+                    answers.append(False)
+                    continue
+                op = op._replace(segment=entry.segment, offset=entry.offset)
+                record = records.encode(op.rtype, encode_op(op))  # first: if it cannot be, nothing changed
+                accepted, changed = self._index.apply(op, entry=entry)
+                answers.append(accepted)
+                wait = op.rtype in DECISIONS or writer.mode is FsyncMode.ALWAYS
+                if changed:
+                    logged.append(record)
+                    durable = durable or wait
+                    if op.rtype in REMOVALS:
+                        self._cache.discard(op.message_id)
+                        removed = True
+                elif accepted and wait:
+                    # Nothing new to log, but an earlier change this answer reports may still be in flight.
+                    settle = True
+        finally:
+            batch = writer.append_ops(logged, durable=durable) if logged else None
             if removed:
                 self._reclaim_emptied(writer)
         if settle and not writer.settled():
