@@ -58,7 +58,8 @@ class DeliveryLog:
             )
         if self.broker:
             record["broker"] = self.broker
-        record.update(fields)
+        # Times in milliseconds are written to the microsecond; the broker measures them unrounded.
+        record.update((k, round(v, 3) if type(v) is float else v) for k, v in fields.items())
         self._lines.append(json.dumps(record, separators=(",", ":")))
 
     def flush(self) -> None:

@@ -46,8 +46,10 @@ class FramedStream:
         max_body: int,
         outbox_limit: int = DEFAULT_OUTBOX_LIMIT,
         expect_more: Callable[[], bool] = lambda: False,
+        read_size: int = READ_SIZE,
     ) -> None:
         self.stream = stream
+        self.read_size = read_size
         self.expect_more = expect_more
         self.decoder = FrameDecoder(max_body)
         self.outbox_limit = outbox_limit
@@ -108,7 +110,7 @@ class FramedStream:
         """
         try:
             while True:
-                data = await self.stream.receive_some(READ_SIZE)
+                data = await self.stream.receive_some(self.read_size)
                 if not data:
                     return
                 self.bytes_in += len(data)

@@ -30,6 +30,11 @@ HEARTBEAT_TIMEOUT = 5.0
 HEARTBEAT_MISSES = 3
 CONNECT_TIMEOUT = 5.0
 EXPIRY_TICK = 0.05
+# Deliveries are read 32 KiB (~30 messages of 1 KiB) at a time, not the broker's
+# 256 KiB: a consumer that takes a whole burst of deliveries in one read runs every
+# listener of it before any ack goes back, so broker and consumer take turns instead
+# of working at once (end to end, 2 cores: about 150% busy instead of 135%).
+READ_SIZE = 32 * 1024
 
 RequestHandler = Callable[["ClientConnection", Frame, object], Awaitable[None]]
 
@@ -42,13 +47,35 @@ class Credentials:
 
 
 class _Waiter:
-    __slots__ = ("deadline", "event", "response", "timed_out")
+    """One request's wait for its answer: the requesting task is parked and woken directly.
+
+    A trio.Event per request (and the parking lot inside it) showed in a busy producer's
+    profile; a request has exactly one waiter, so rescheduling that task is enough.
+    """
+
+    __slots__ = ("deadline", "done", "response", "task", "timed_out")
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
-        self.event = trio.Event()
+        self.task = trio.lowlevel.current_task()
+        self.done = False
         self.response: object | None = None
         self.timed_out = False
+
+    def finish(self, response: object | None = None, *, timed_out: bool = False) -> None:
+        """Wake the requester (once): with the answer, a timeout, or None for a closed connection."""
+        if not self.done:
+            self.done = True
+            self.response = response
+            self.timed_out = timed_out
+            trio.lowlevel.reschedule(self.task)
+
+    async def wait(self) -> None:
+        def abort(_: object) -> trio.lowlevel.Abort:
+            self.done = True
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 class ClientConnection:
@@ -90,7 +117,7 @@ class ClientConnection:
         with trio.fail_after(CONNECT_TIMEOUT):
             stream = await trio.open_tcp_stream(host, int(port))
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-        self.framed = FramedStream(stream, self.max_body, expect_more=self._busy)
+        self.framed = FramedStream(stream, self.max_body, expect_more=self._busy, read_size=READ_SIZE)
         authenticated = False
         try:
             async with trio.open_nursery() as nursery:
@@ -108,7 +135,7 @@ class ClientConnection:
             self.framed.finish()
             self._flushed.set()
             for waiter in self._waiters.values():
-                waiter.event.set()
+                waiter.finish()
             self._waiters.clear()
             await trio.aclose_forcefully(stream)
 
@@ -170,7 +197,7 @@ class ClientConnection:
         waiter = self._waiters[opaque] = _Waiter(trio.current_time() + timeout)
         try:
             self.send(opaque, cmd, message)
-            await waiter.event.wait()
+            await waiter.wait()
         finally:
             self._waiters.pop(opaque, None)
         if waiter.timed_out:
@@ -185,9 +212,8 @@ class ClientConnection:
             await trio.sleep(EXPIRY_TICK)
             now = trio.current_time()
             for waiter in self._waiters.values():
-                if waiter.deadline <= now and not waiter.event.is_set():
-                    waiter.timed_out = True
-                    waiter.event.set()
+                if waiter.deadline <= now:
+                    waiter.finish(timed_out=True)
 
     def send(self, opaque: int, cmd: Cmd, message: object) -> None:
         """Send without waiting for an answer (replies, one-way tx decisions)."""
@@ -204,8 +230,7 @@ class ClientConnection:
                 continue
             waiter = self._waiters.get(frame.opaque) if frame.cmd in RESPONSES else None
             if waiter is not None:
-                waiter.response = body
-                waiter.event.set()
+                waiter.finish(body)
             elif frame.cmd is Cmd.CONN_AUTH_ACK and not body.status:  # type: ignore[attr-defined]
                 self.log.warning("client.refused", feedback=body.feedback)  # type: ignore[attr-defined]
             elif self.on_request is not None and frame.cmd not in RESPONSES:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable
 
 import structlog
@@ -19,13 +19,21 @@ from protocol import MESSAGE_CMDS, Cmd, Frame, pb
 
 log = structlog.get_logger(__name__)
 
+# A worker that keeps finding deliveries queued checkpoints after this many, so a burst
+# of listeners that never wait still lets the reader and the rest of the client run.
+WORKER_BURST = 64
+
+Delivery = tuple[ClientConnection, int, object]
+
 
 class Consumer(Client):
     """Receives the messages its bindings select and acks what its listener accepts.
 
     Listeners run concurrently, up to `max_concurrency` at once; past that the
     consumer stops reading, and TCP back-pressure holds the broker's deliveries
-    (the broker's watermark already bounds them). A listener that exceeds
+    (the broker's watermark already bounds them). Deliveries go to a pool of worker
+    tasks that grows up to `max_concurrency` and stays parked when idle: a task spawned
+    per delivery showed as a tenth of a busy consumer's CPU. A listener that exceeds
     `message_timeout` is abandoned and the message nacked. On exit the consumer
     stops taking deliveries, lets running listeners finish and sends their acks,
     then closes (`drain_timeout` bounds the wait).
@@ -60,6 +68,8 @@ class Consumer(Client):
         self.message_timeout = message_timeout
         self.drain_timeout = drain_timeout
         self._listening = Budget(max_concurrency)
+        self._queue: deque[Delivery] = deque()
+        self._idle_workers = trio.lowlevel.ParkingLot()
         self._stopping_flag = False
         self.acked = 0
         self.nacked = 0
@@ -89,7 +99,23 @@ class Consumer(Client):
         if self._stopping_flag:  # stop began while this delivery waited for a slot
             self._listening.give()
             return
-        self.nursery.start_soon(self._process, connection, frame.opaque, body)
+        self._queue.append((connection, frame.opaque, body))
+        if self._idle_workers:
+            self._idle_workers.unpark()
+        else:
+            self.nursery.start_soon(self._work)
+
+    async def _work(self) -> None:
+        """Process queued deliveries; park when there are none (cancelled with the nursery)."""
+        while True:
+            for _ in range(WORKER_BURST):
+                if not self._queue:
+                    break
+                await self._process(*self._queue.popleft())
+            if self._queue:
+                await trio.lowlevel.checkpoint()
+            else:
+                await self._idle_workers.park()
 
     async def _process(self, connection: ClientConnection, opaque: int, wire: object) -> None:
         assert isinstance(wire, pb.BytesMessage | pb.StringMessage)

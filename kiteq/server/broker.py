@@ -307,7 +307,7 @@ class Broker:
             _ack(connection, opaque, entity, True, STORED if stored else STORED_BEFORE)
             if not stored:
                 continue
-            groups = self.dispatcher.target_groups(entity)
+            groups = self.dispatcher.target_groups(entity) if self.events.recorded else None
             self.events.emit("stored", entity, commit=entity.commit, groups=groups, store_ms=store_ms)
             if entity.commit and now_or_later:
                 self.dispatcher.submit(entity, sent)

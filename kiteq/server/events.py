@@ -31,12 +31,19 @@ class Events:
         self.debug = log.is_enabled_for(logging.DEBUG)
         self.observers: list[Observer] = []
 
+    @property
+    def recorded(self) -> bool:
+        """Whether events are written out (delivery log or debug log), so details are worth computing."""
+        return self.delivery_log is not None or self.debug
+
     def emit(self, event: str, entity: MessageEntity, **fields: object) -> None:
-        self.counts[(event, entity.topic, fields.get("group", ""))] += 1  # type: ignore[index]
+        key = (event, entity.topic, fields.get("group", ""))
+        self.counts[key] = self.counts.get(key, 0) + 1  # type: ignore[index]
         if self.delivery_log is not None:
             self.delivery_log.emit(event, entity, **fields)
-        for observer in self.observers:
-            observer(event, entity, fields)
+        if self.observers:
+            for observer in self.observers:
+                observer(event, entity, fields)
         if self.debug:
             log.debug(f"message.{event}", message_id=entity.message_id, topic=entity.topic, **fields)
 

@@ -63,8 +63,8 @@ class GroupTable:
         equally loaded peers are broken at random so they share evenly.
         """
         live = [p for p in self._groups.get(group, ()) if p.alive]
-        if not live:
-            return None
+        if len(live) <= 1:
+            return live[0] if live else None
         eligible = [
             p for p in live if p.warmup_seconds <= 0 or self._rng.random() < warmup_weight(p, now)
         ] or live

@@ -17,6 +17,7 @@ class Router:
     def __init__(self) -> None:
         self._by_topic: dict[str, list[Binding]] = {}
         self._cache: dict[tuple[str, str], tuple[Binding, ...]] = {}
+        self._groups: dict[tuple[str, str], frozenset[str]] = {}
         self.bindings: list[Binding] = []
 
     def update(self, bindings: list[Binding]) -> None:
@@ -25,6 +26,7 @@ class Router:
             by_topic[binding.topic].append(binding)
         self._by_topic = dict(by_topic)
         self._cache = {}
+        self._groups = {}
         self.bindings = list(bindings)
 
     @property
@@ -42,6 +44,14 @@ class Router:
                     chosen[binding.group] = binding
             cached = self._cache[key] = tuple(chosen.values())
         return cached
+
+    def groups(self, topic: str, message_type: str) -> frozenset[str]:
+        """The groups `route` picks, as a set (cached the same way)."""
+        key = (topic, message_type)
+        groups = self._groups.get(key)
+        if groups is None:
+            groups = self._groups[key] = frozenset(b.group for b in self.route(topic, message_type))
+        return groups
 
     def binding_for(self, group: str, topic: str, message_type: str) -> Binding | None:
         for binding in self.route(topic, message_type):

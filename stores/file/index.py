@@ -262,10 +262,11 @@ class Index:
                 message_id, entry.segment, entry.flags, entry.topic, entry.reason, entry.next_deliver_at
             )
 
-    def remove(self, message_id: str) -> None:
-        old = self.entries.pop(message_id)
+    def remove(self, message_id: str, old: Entry | None = None) -> None:
+        """Drop the entry of `message_id`; `old`: that entry, if the caller has it unpacked."""
+        raw = self.entries.pop(message_id)
         if self.tracking:
-            self._unlink(message_id, unpack(old))
+            self._unlink(message_id, unpack(raw) if old is None else old)
 
     def apply(self, op: Op, *, check_location: bool = False, entry: Entry | None = None) -> tuple[bool, bool]:
         """Apply one state change: (accepted, changed).
@@ -318,7 +319,7 @@ class Index:
         else:
             raise ValueError(f"{kind!r} is not a state change")
         if new is None:
-            self.remove(op.message_id)
+            self.remove(op.message_id, entry)
         elif new != entry:
             self.put(op.message_id, new)
         else:

@@ -28,10 +28,14 @@ class Op(NamedTuple):
     reason: str = ""
 
 
-def encode_op(op: Op) -> bytes:
-    """The payload of `op` (its record type is op.rtype)."""
+def encode_op(op: Op, segment: int, offset: int) -> bytes:
+    """The payload of `op` for the MESSAGE record at (segment, offset) (its record type is op.rtype).
+
+    The location is passed apart: the store looks it up as it applies the op, and
+    copying the op to fill it in showed per finished message.
+    """
     raw_id = op.message_id.encode()
-    base = _BASE.pack(op.segment, op.offset, len(raw_id)) + raw_id
+    base = _BASE.pack(segment, offset, len(raw_id)) + raw_id
     if op.rtype is RecordType.DELIVERY:
         return base + _DELIVERY.pack(op.deliver_count, op.next_deliver_at) + pack_groups(*op.groups)
     if op.rtype is RecordType.DEAD:

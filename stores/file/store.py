@@ -278,8 +278,8 @@ class FileStore(MessageStore):
                 if entry is None:
                     answers.append(False)
                     continue
-                op = op._replace(segment=entry.segment, offset=entry.offset)
-                record = records.encode(op.rtype, encode_op(op))  # first: if it cannot be, nothing changed
+                # Encoded first: if it cannot be, nothing has changed.
+                record = records.encode(op.rtype, encode_op(op, entry.segment, entry.offset))
                 accepted, changed = self._index.apply(op, entry=entry)
                 answers.append(accepted)
                 wait = op.rtype in DECISIONS or writer.mode is FsyncMode.ALWAYS

@@ -88,8 +88,8 @@ class Dispatcher:
         if self.draining or entity.message_id in self.rounds:
             return False
         bindings = self.router.route(entity.topic, entity.message_type)
-        owed = [b for b in bindings if b.group not in entity.succ_groups]
-        round_ = Round.of(entity, frozenset(b.group for b in bindings), sent)
+        owed = [b for b in bindings if b.group not in entity.succ_groups] if entity.succ_groups else bindings
+        round_ = Round.of(entity, self.router.groups(entity.topic, entity.message_type), sent)
         self.rounds[entity.message_id] = round_
         if not bindings or entity.is_expired(time.time()):
             self._complete(round_)
@@ -115,7 +115,7 @@ class Dispatcher:
         Uncommitted ones are not submitted, so they take no room (and count as admitted).
         A full lane is marked starved, so the recover loop is woken when it frees up.
         """
-        room: dict[tuple[str, str, str], int] = {}
+        room: dict[Lane, int] = {}
         admitted = []
         for entity in entities:
             if not entity.commit:
@@ -128,14 +128,15 @@ class Dispatcher:
             ]
             fits = True
             for lane in lanes:
-                if lane.binding.key not in room:
-                    room[lane.binding.key] = lane.capacity - lane.queued
-                if room[lane.binding.key] <= 0:
+                left = room.get(lane)
+                if left is None:
+                    left = room[lane] = lane.capacity - lane.queued
+                if left <= 0:
                     lane.starved = True
                     fits = False
             if fits:
                 for lane in lanes:
-                    room[lane.binding.key] -= 1
+                    room[lane] -= 1
             admitted.append(fits)
         return admitted
 
@@ -155,13 +156,10 @@ class Dispatcher:
         """Send the lane's deliveries, never more than its watermark unacked at once."""
         sent = 0
         while (delivery := await lane.next()) is not None:
-            try:  # a free slot is taken without yielding, so a burst goes out in one pass
-                lane.limiter.acquire_on_behalf_of_nowait(delivery)
-            except trio.WouldBlock:
-                await lane.limiter.acquire_on_behalf_of(delivery)
+            await lane.take_slot()  # a free slot is taken without yielding: a burst goes out in one pass
             peer = None if self.draining or lane.closed else self.groups.pick(lane.group, time.time())
             if peer is None:
-                lane.limiter.release_on_behalf_of(delivery)
+                lane.free_slot()
                 self._give_back(delivery)
                 continue
             peer.deliver(delivery, self.config.deliver_timeout)  # type: ignore[attr-defined]
@@ -191,12 +189,12 @@ class Dispatcher:
     def resolve(self, delivery: Delivery, ok: bool, reason: str = "") -> None:
         """A group answered (or timed out, or its connection died): record it in the round."""
         lane = delivery.lane
-        lane.limiter.release_on_behalf_of(delivery)
+        lane.free_slot()
         if lane.starved:
             lane.starved = False
             self.on_capacity()
         round_ = delivery.round
-        latency_ms = round((time.time() - delivery.sent_at) * 1000, 3)
+        latency_ms = (time.time() - delivery.sent_at) * 1000
         if ok:
             self.events.emit("acked", round_.entity, group=delivery.group, latency_ms=latency_ms)
         else:

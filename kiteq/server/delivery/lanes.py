@@ -1,10 +1,12 @@
 """A lane per binding: a bounded queue of deliveries and its watermark.
 
-The watermark is a `trio.CapacityLimiter` held for as long as a delivery is
-unacked, so a group never has more than `watermark` deliveries of that binding in
-flight. The queue in front of it is bounded too: when it is full the message is not
-queued at all — it stays in the store, due, and the recover loop offers it again.
-That is what keeps the broker's memory flat under any backlog.
+The watermark is a count of the deliveries sent and not yet answered, so a group
+never has more than `watermark` deliveries of that binding in flight (a counter, not
+a `trio.CapacityLimiter`: the limiter's borrower bookkeeping showed per delivery in
+profiles, and the lane's one pump is its only taker). The queue in front of it is
+bounded too: when it is full the message is not queued at all — it stays in the
+store, due, and the recover loop offers it again. That is what keeps the broker's
+memory flat under any backlog.
 
 The queue is a deque, not a memory channel: a channel's `receive` yields on every
 item, and the pump would pay a trip through the scheduler per delivery.
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
 @dataclass(eq=False, slots=True)
 class Delivery:
-    """One message pushed to one group; the limiter token it holds is itself."""
+    """One message pushed to one group."""
 
     round: Round
     lane: Lane
@@ -46,14 +48,12 @@ class Delivery:
 class Lane:
     binding: Binding
     capacity: int
-    limiter: trio.CapacityLimiter = field(init=False)
     starved: bool = False
     closed: bool = False
-
-    def __post_init__(self) -> None:
-        self.limiter = trio.CapacityLimiter(self.binding.watermark)
-        self._queue: deque[Delivery] = deque()
-        self._arrived = trio.Event()
+    inflight: int = 0
+    _queue: deque[Delivery] = field(default_factory=deque, init=False, repr=False)
+    _arrived: trio.Event = field(default_factory=trio.Event, init=False, repr=False)
+    _freed: trio.Event = field(default_factory=trio.Event, init=False, repr=False)
 
     @property
     def group(self) -> str:
@@ -62,10 +62,6 @@ class Lane:
     @property
     def queued(self) -> int:
         return len(self._queue)
-
-    @property
-    def inflight(self) -> int:
-        return self.limiter.borrowed_tokens
 
     def offer(self, delivery: Delivery) -> bool:
         """Queue without waiting; False (and remember it) when the lane is full or closed."""
@@ -85,10 +81,22 @@ class Lane:
             await self._arrived.wait()
         return self._queue.popleft()
 
+    async def take_slot(self) -> None:
+        """Wait until fewer than `watermark` deliveries are in flight, then count one more."""
+        while self.inflight >= self.binding.watermark:
+            self._freed = trio.Event()
+            await self._freed.wait()
+        self.inflight += 1
+
+    def free_slot(self) -> None:
+        """A delivery was answered (or never sent)."""
+        self.inflight -= 1
+        self._freed.set()
+
     def rebind(self, binding: Binding) -> None:
         """Apply a changed watermark (or persistent flag) to the running lane."""
         self.binding = binding
-        self.limiter.total_tokens = binding.watermark
+        self._freed.set()
 
     def close(self) -> None:
         """No more offers; what is queued is given back by the pump, not sent."""

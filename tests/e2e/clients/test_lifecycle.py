@@ -60,13 +60,15 @@ async def test_max_concurrency_bounds_running_listeners(tmp_path: Path) -> None:
             bindings=[Binding.direct("t", "x", watermark=100)],
             listener=listener,
             max_concurrency=3,
-        ),
+        ) as consumer,
         Producer(registry, group="p", topics=["t"]) as producer,
     ):
         await wait_until(lambda: len(broker.router.bindings) == 1)
         await producer.send_many([Message("t", "x", b"m") for _ in range(30)])
         await wait_until(lambda: len(listener.acked) == 30)
+        await wait_until(lambda: len(consumer._idle_workers) == 3)  # its workers, parked: no more
     assert listener.max_running == 3
+    assert consumer.acked == 30
 
 
 class StuckOnce(MessageListener):

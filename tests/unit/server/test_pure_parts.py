@@ -6,11 +6,14 @@ import random
 import uuid
 
 import pytest
+import trio
+import trio.testing
 
 from kiteq.client.message import Message
 from kiteq.config import DeliveryConfig
 from kiteq.registry.bindings import Binding, BindingError, check_conflicts
 from kiteq.server.delivery.dispatcher import Dispatcher
+from kiteq.server.delivery.lanes import Lane
 from kiteq.server.delivery.retry import backoff_delay
 from kiteq.server.delivery.rounds import Round, Verdict
 from kiteq.server.events import Events
@@ -71,8 +74,10 @@ def test_routing_direct_regex_fanout_one_binding_per_group() -> None:
     assert {b.group for b in router.route("trade", "pay-succ")} == {"sms", "audit", "all"}
     assert {b.group for b in router.route("trade", "refund")} == {"all"}
     assert {b.group for b in router.route("trade", "pay")} == {"strict", "all"}, "regex is a full match"
+    assert router.groups("trade", "pay-succ") == frozenset({"sms", "audit", "all"})
     router.update([])
     assert router.route("trade", "pay-succ") == ()
+    assert router.groups("trade", "pay-succ") == frozenset(), "an update drops the cached groups too"
 
 
 def test_binding_conflicts() -> None:
@@ -192,3 +197,29 @@ def test_admission_reserves_lane_room_for_committed_messages_in_order() -> None:
     )
     starved = {lane.group for lane in dispatcher.lanes.values() if lane.starved}
     assert starved == {"all"}
+
+
+async def test_lane_slots_hold_the_watermark_and_a_raised_watermark_frees_the_pump() -> None:
+    lane = Lane(Binding.direct("trade", "pay-succ", group="sms", watermark=2), capacity=10)
+    await lane.take_slot()
+    await lane.take_slot()
+    taken = trio.Event()
+
+    async def third() -> None:
+        await lane.take_slot()
+        taken.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(third)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not taken.is_set() and lane.inflight == 2, "a third delivery waits at watermark 2"
+        lane.free_slot()
+        await taken.wait()
+        assert lane.inflight == 2
+        nursery.start_soon(third)
+        taken = trio.Event()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not taken.is_set()
+        lane.rebind(Binding.direct("trade", "pay-succ", group="sms", watermark=3))
+        await taken.wait()
+    assert lane.inflight == 3

@@ -95,5 +95,5 @@ def test_op_round_trip(
         op = op._replace(deliver_count=count, next_deliver_at=at, groups=pair)
     if rtype is RecordType.DEAD:
         op = op._replace(reason=reason)
-    payload = encode_op(op)
+    payload = encode_op(op, op.segment, op.offset)
     assert decode_op(rtype, payload, 0, len(payload)) == op
