@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,18 @@ class RecordingListener(MessageListener):
     @property
     def acked_ids(self) -> set[str]:
         return set(self.acked)
+
+
+def start_waiting(nursery: trio.Nursery, wait: Callable[[], Awaitable[object]]) -> trio.Event:
+    """Run `wait()` in a task of `nursery`; the event returned is set once it has returned."""
+    returned = trio.Event()
+
+    async def run() -> None:
+        await wait()
+        returned.set()
+
+    nursery.start_soon(run)
+    return returned
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:

@@ -6,19 +6,14 @@ import trio
 import trio.testing
 
 from kiteq.budget import Budget
+from tests.helpers import start_waiting
 
 
 async def test_take_waits_at_the_ceiling_and_give_lets_it_in() -> None:
     budget = Budget(4)
     await budget.take(3)
-    taken = trio.Event()
-
-    async def take_two() -> None:
-        await budget.take(2)
-        taken.set()
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(take_two)
+        taken = start_waiting(nursery, lambda: budget.take(2))
         await trio.testing.wait_all_tasks_blocked()
         assert not taken.is_set(), "3 + 2 is over the ceiling of 4"
         budget.give(2)
@@ -36,14 +31,8 @@ async def test_anything_fits_while_nothing_is_in_use() -> None:
 async def test_wait_empty_returns_once_everything_is_given_back() -> None:
     budget = Budget(8)
     await budget.take(2)
-    emptied = trio.Event()
-
-    async def wait() -> None:
-        await budget.wait_empty()
-        emptied.set()
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(wait)
+        emptied = start_waiting(nursery, budget.wait_empty)
         budget.give(1)
         await trio.testing.wait_all_tasks_blocked()
         assert not emptied.is_set()

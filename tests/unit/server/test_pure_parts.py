@@ -25,6 +25,7 @@ from protocol.commands import BODY_TYPES
 from stores import MessageEntity
 from stores.entity import entity_from_wire
 from stores.memory import MemoryStore
+from tests.helpers import start_waiting
 
 NOW = 1_800_000_000.0
 
@@ -203,21 +204,14 @@ async def test_lane_slots_hold_the_watermark_and_a_raised_watermark_frees_the_pu
     lane = Lane(Binding.direct("trade", "pay-succ", group="sms", watermark=2), capacity=10)
     await lane.take_slot()
     await lane.take_slot()
-    taken = trio.Event()
-
-    async def third() -> None:
-        await lane.take_slot()
-        taken.set()
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(third)
+        taken = start_waiting(nursery, lane.take_slot)
         await trio.testing.wait_all_tasks_blocked()
         assert not taken.is_set() and lane.inflight == 2, "a third delivery waits at watermark 2"
         lane.free_slot()
         await taken.wait()
         assert lane.inflight == 2
-        nursery.start_soon(third)
-        taken = trio.Event()
+        taken = start_waiting(nursery, lane.take_slot)
         await trio.testing.wait_all_tasks_blocked()
         assert not taken.is_set()
         lane.rebind(Binding.direct("trade", "pay-succ", group="sms", watermark=3))
