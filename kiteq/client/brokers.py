@@ -107,18 +107,21 @@ class BrokerPool:
 
     async def connection_for(self, topic: str, timeout: float) -> ClientConnection:
         """A random live connection to a broker serving `topic`, waiting up to `timeout` for one."""
-        live = self.live(topic)
-        if live and self.auth_error is None:
-            return random.choice(live)
+        connection = self._pick(topic)
+        if connection is not None:  # the usual case, without a cancel scope per send
+            return connection
         with trio.move_on_after(timeout):
-            while True:
-                if self.auth_error is not None:
-                    raise self.auth_error
-                live = self.live(topic)
-                if live:
-                    return random.choice(live)
+            while (connection := self._pick(topic)) is None:
                 await self._changed.wait()
+            return connection
         raise SendError(f"no broker serving topic {topic!r} is reachable (registry {self.registry.uri})")
+
+    def _pick(self, topic: str) -> ClientConnection | None:
+        """A random live connection for `topic`, None if there is none; raises a refused login."""
+        if self.auth_error is not None:
+            raise self.auth_error
+        live = self.live(topic)
+        return random.choice(live) if live else None
 
     async def connection_to(self, address: str, timeout: float) -> ClientConnection | None:
         with trio.move_on_after(timeout):

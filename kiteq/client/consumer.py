@@ -23,7 +23,7 @@ log = structlog.get_logger(__name__)
 # of listeners that never wait still lets the reader and the rest of the client run.
 WORKER_BURST = 64
 
-Delivery = tuple[ClientConnection, int, object]
+QueuedDelivery = tuple[ClientConnection, int, object]  # (connection, opaque, decoded body)
 
 
 class Consumer(Client):
@@ -68,7 +68,7 @@ class Consumer(Client):
         self.message_timeout = message_timeout
         self.drain_timeout = drain_timeout
         self._listening = Budget(max_concurrency)
-        self._queue: deque[Delivery] = deque()
+        self._queue: deque[QueuedDelivery] = deque()
         self._idle_workers = trio.lowlevel.ParkingLot()
         self._stopping_flag = False
         self.acked = 0
