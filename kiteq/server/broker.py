@@ -48,6 +48,8 @@ IN_FLIGHT_LEASE_FACTOR = 2.0
 EXPIRY_TICK = 0.1
 SHUTDOWN_GRACE = 10.0
 ACCEPT_RETRY = 0.1
+# From this many messages in one save, their acks are sent before they are dispatched.
+ACKS_FIRST = 16
 STORED = "Store Result true"
 STORED_BEFORE = "Store Result true (duplicate, stored once)"
 
@@ -261,7 +263,8 @@ class Broker:
         """Validate, store, ack, then dispatch the messages of one read.
 
         They are saved together (one fsync, one INSERT), and each is acked only once the
-        store has it.
+        store has it. Acks go out before dispatch: with a window of sends in flight, how
+        fast a producer's next messages arrive depends on how soon its acks leave.
         """
         now = time.time()
         lease = now + IN_FLIGHT_LEASE_FACTOR * self.config.delivery.deliver_timeout
@@ -303,8 +306,14 @@ class Broker:
             for opaque, entity, _ in pending:
                 _ack(connection, opaque, entity, False, feedback)
             return
-        for (opaque, entity, sent), stored, now_or_later in zip(pending, saved, deliver_now, strict=True):
+        for (opaque, entity, _), stored in zip(pending, saved, strict=True):
             _ack(connection, opaque, entity, True, STORED if stored else STORED_BEFORE)
+        if len(pending) >= ACKS_FIRST:
+            # The producer's next sends wait on these acks: let them leave before the dispatch
+            # work below (and whatever else is runnable) delays them by milliseconds. Not a
+            # cancellation point: these messages are stored, so they are dispatched too.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        for (_, entity, sent), stored, now_or_later in zip(pending, saved, deliver_now, strict=True):
             if not stored:
                 continue
             groups = self.dispatcher.target_groups(entity) if self.events.recorded else None

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 IDLE_DEADLINE_STEP = 0.1  # of idle_timeout; see BrokerConnection._still_active
+# One read can hold thousands of small frames (a consumer's acks): the reader lets the
+# rest of the broker run after this many, so a producer's acks are not held up behind them.
+READ_BURST = 128
 
 
 class Pending(Protocol):
@@ -159,7 +162,9 @@ class BrokerConnection:
     async def _on_frames(self, frames: list[Frame]) -> None:
         self._still_active()
         messages: list[MessageRequest] = []
-        for frame in frames:
+        for handled, frame in enumerate(frames, 1):
+            if handled % READ_BURST == 0:
+                await trio.lowlevel.checkpoint()
             if not self.authenticated and frame.cmd is not Cmd.CONN_META:
                 self.reply(
                     frame.opaque,

@@ -16,7 +16,7 @@ in what survives a crash of the *machine* (power loss, kernel panic):
   (concurrent calls still share one fsync). A machine crash loses nothing returned.
 - `batch`: `save`, `commit`, `rollback`, `dead_letter`, `redrive` and `purge`
   return after the shared fsync of their batch (group commit). `update_delivery`
-  and `finish` return at once and are written with the next batch and fsynced
+  and `finish` return at once and are written with the next batch (within 5 ms) and fsynced
   with the next durable one: a machine crash can lose the last of them, so a
   message may be delivered again (at-least-once holds) or a finished message
   come back (to be finished again).

@@ -9,9 +9,11 @@ back to Trio (`TrioToken.run_sync_soon`), which sets the batch's event: every
 caller in it wakes together. While a batch is being written the next one fills up,
 so the busier the store, the more saves share each fsync.
 
+A batch holding only lazily logged changes (nobody waits on it) is written
+LAZY_WRITE_DELAY after its first record, or with the next save if one comes first.
 The writer owns every write descriptor; a dedicated thread (not a Trio task) keeps
-writing even while no Trio task waits, so lazily logged changes reach the OS
-promptly, and a cancelled caller never leaves a half-written batch behind.
+writing even while no Trio task waits, so those changes reach the OS within that
+delay, and a cancelled caller never leaves a half-written batch behind.
 
 A write or fsync error fails the store for good (`failure`): after a failed fsync
 the kernel may have dropped the dirty pages, so retrying would claim durability it
@@ -37,6 +39,11 @@ from stores.file.segment import Segment
 
 log = structlog.get_logger(__name__)
 
+# How long a batch of lazily logged changes (finish, update_delivery) may wait for a save
+# to write it with. A crash of the process in between loses them: messages are then
+# delivered again (at-least-once), never lost.
+LAZY_WRITE_DELAY = 0.005
+
 
 class FsyncMode(enum.StrEnum):
     """When a call's records are fsynced before it returns (see docs/file-store.md)."""
@@ -61,6 +68,7 @@ class Batch:
         "seq",
         "snapshot",
         "synced",
+        "touched_at",
     )
 
     def __init__(self, seq: int, log_generation: int) -> None:
@@ -72,6 +80,7 @@ class Batch:
         self.snapshot: snapshots.Snapshot | None = None
         self.durable = False
         self.synced = False
+        self.touched_at = 0.0
         self.end: tuple[int, int] | None = None
         self.done = trio.Event()
         self.error: StoreUnavailable | None = None
@@ -199,10 +208,15 @@ class Writer:
         return (segment, offset) < self.written
 
     def _touch(self, batch: Batch, durable: bool) -> None:
-        batch.durable = batch.durable or durable
+        if not batch.touched_at:
+            batch.touched_at = time.monotonic()
+            if self._sleeping:
+                self._cond.notify()  # asleep with no timeout: it must learn when this is due
+        if durable and not batch.durable:
+            batch.durable = True
+            if self._sleeping:
+                self._cond.notify()
         self.dirty_seq = batch.seq
-        if self._sleeping:
-            self._cond.notify()
 
     def _finished(self, batches: list[Batch]) -> None:
         """On the Trio thread: publish progress and wake every caller of `batches`."""
@@ -237,10 +251,7 @@ class Writer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._cut and self._open.empty and not self._stopping:
-                    self._sleeping = True
-                    self._cond.wait()
-                    self._sleeping = False
+                self._await_work()
                 batches, self._cut = self._cut, []
                 if not self._open.empty:
                     batches.append(self._open)
@@ -259,6 +270,24 @@ class Writer:
                     detail="the Trio run ended before the store was closed",
                 )
                 return
+
+    def _await_work(self) -> None:
+        """Sleep (holding `_cond`) until a batch is due: at once if a caller waits on it,
+        else LAZY_WRITE_DELAY after its first record, so lazily logged changes mostly ride
+        along with the next save instead of costing a write and a wake-up of their own."""
+        while not self._cut and not self._stopping:
+            batch = self._open
+            if batch.empty:
+                timeout = None
+            elif batch.durable:
+                return
+            else:
+                timeout = batch.touched_at + LAZY_WRITE_DELAY - time.monotonic()
+                if timeout <= 0:
+                    return
+            self._sleeping = True
+            self._cond.wait(timeout)
+            self._sleeping = False
 
     def _process(self, batch: Batch) -> None:
         if self.failure is not None:

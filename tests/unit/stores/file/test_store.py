@@ -121,6 +121,24 @@ async def test_only_decisions_wait_for_an_fsync_in_batch_mode(
     assert after_commits - after_lazy >= 20, "each sequential commit waits for its own fsync"
 
 
+async def test_lazy_changes_share_the_next_saves_write_or_are_written_soon_after(tmp_path: Path) -> None:
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        first, second = message(), message()
+        await store.save(first)
+        batches = (await store.stats()).details["batches"]
+        log_bytes = disk_bytes(tmp_path, "*.log")
+        await store.finish(first.message_id)
+        await store.save(second)  # within LAZY_WRITE_DELAY of the finish: one write for both
+        assert (await store.stats()).details["batches"] == batches + 1
+        assert disk_bytes(tmp_path, "*.log") > log_bytes, "the finish was written with the save"
+        log_bytes = disk_bytes(tmp_path, "*.log")
+        await store.finish(second.message_id)  # no save follows: written on its own
+        with trio.fail_after(5):
+            while disk_bytes(tmp_path, "*.log") == log_bytes:
+                await trio.sleep(0.001)
+        assert (await store.stats()).details["batches"] == batches + 2
+
+
 async def test_fsync_never_still_hands_every_save_to_the_os(tmp_path: Path) -> None:
     async with FileStore.from_uri(uri(tmp_path, fsync="never")) as store:
         entity = message()
