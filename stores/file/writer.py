@@ -208,15 +208,15 @@ class Writer:
         return (segment, offset) < self.written
 
     def _touch(self, batch: Batch, durable: bool) -> None:
+        # The writer is woken when the batch's first record sets when it is due, and when
+        # a caller starts waiting on it: not for every record.
+        wake = not batch.touched_at or (durable and not batch.durable)
         if not batch.touched_at:
             batch.touched_at = time.monotonic()
-            if self._sleeping:
-                self._cond.notify()  # asleep with no timeout: it must learn when this is due
-        if durable and not batch.durable:
-            batch.durable = True
-            if self._sleeping:
-                self._cond.notify()
+        batch.durable = batch.durable or durable
         self.dirty_seq = batch.seq
+        if wake and self._sleeping:
+            self._cond.notify()
 
     def _finished(self, batches: list[Batch]) -> None:
         """On the Trio thread: publish progress and wake every caller of `batches`."""
