@@ -105,6 +105,9 @@ class MariaDBServer:
                 "--skip-name-resolve",
                 "--innodb-buffer-pool-size=128M",
                 "--max-connections=500",
+                # A replica whose connect or read hangs (its master was killed mid-handshake)
+                # gives up and reconnects after this long, not the default 60 s.
+                "--slave-net-timeout=5",
             ],
             stdout=log,
             stderr=log,
@@ -201,7 +204,11 @@ class MariaDBPair:
                 if waited == 0:
                     return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"replica not replicating after {timeout} s: {status}")
+                raise TimeoutError(
+                    f"replica not replicating after {timeout} s: {status}\n"
+                    f"master log:\n{_tail(self.master.base / 'mariadbd.log')}\n"
+                    f"replica log:\n{_tail(self.replica.base / 'mariadbd.log')}"
+                )
             time.sleep(0.1)
 
     def ensure_running(self) -> None:
