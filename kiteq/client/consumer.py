@@ -70,6 +70,7 @@ class Consumer(Client):
         self._listening = Budget(max_concurrency)
         self._queue: deque[QueuedDelivery] = deque()
         self._idle_workers = trio.lowlevel.ParkingLot()
+        self._workers = 0
         self._stopping_flag = False
         self.acked = 0
         self.nacked = 0
@@ -102,8 +103,10 @@ class Consumer(Client):
         self._queue.append((connection, frame.opaque, body))
         if self._idle_workers:
             self._idle_workers.unpark()
-        else:
+        elif self._workers < self._listening.limit:
+            self._workers += 1
             self.nursery.start_soon(self._work)
+        # Else no worker is parked, and each one looks at the queue again before it parks.
 
     async def _work(self) -> None:
         """Process queued deliveries; park when there are none (cancelled with the nursery)."""
