@@ -182,7 +182,13 @@ class FileStore(MessageStore):
     # -- writes -----------------------------------------------------------------------------
 
     async def save(self, entity: MessageEntity) -> bool:
-        return (await self.save_many([entity]))[0]
+        # A new message skips save_many's lists: a producer that saves one message at a
+        # time pays for every step of this call. A duplicate takes save_many's path.
+        batch = self._append(self._writable(), entity)
+        if batch is None:
+            return (await self.save_many([entity]))[0]
+        await batch.wait()
+        return True
 
     async def save_many(self, entities: Sequence[MessageEntity]) -> list[bool]:
         """Append every new message to the open batch, then wait for the batches that hold them.
