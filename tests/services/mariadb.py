@@ -105,8 +105,9 @@ class MariaDBServer:
                 "--skip-name-resolve",
                 "--innodb-buffer-pool-size=128M",
                 "--max-connections=500",
-                # A replica whose connect or read hangs (its master was killed mid-handshake)
-                # gives up and reconnects after this long, not the default 60 s.
+                # The replica's connect and read timeout to its master: a connection left
+                # hanging by a crashed master is retried after 5 s, not the default 60 s
+                # (CI once saw replication stuck past the 30 s wait after a master SIGKILL).
                 "--slave-net-timeout=5",
             ],
             stdout=log,
