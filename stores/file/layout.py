@@ -94,14 +94,17 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_all(fd: int, chunks: list[bytes], offset: int) -> int:
-    """pwritev every chunk at `offset` (IOV_MAX at a time, partial writes resumed); bytes written."""
+def write_all(fd: int, chunks: list[bytes], offset: int, flags: int = 0) -> int:
+    """pwritev every chunk at `offset` (IOV_MAX at a time, partial writes resumed); bytes written.
+
+    `flags` are pwritev2's (RWF_DSYNC: each call returns once its range is on disk).
+    """
     total = 0
     pending = list(chunks)
     while pending:
         group = pending[:IOV_MAX]
         want = sum(len(chunk) for chunk in group)
-        done = os.pwritev(fd, group, offset + total)
+        done = os.pwritev(fd, group, offset + total, flags)
         total += done
         if done == want:
             del pending[: len(group)]

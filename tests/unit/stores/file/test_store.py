@@ -14,6 +14,7 @@ import trio
 from stores import MessageEntity, StoreCorrupted, StoreError, StoreLocked
 from stores.file import FileStore, layout
 from stores.file.records import HEADER_SIZE, Scan
+from stores.file.writer import RWF_DSYNC
 
 
 def message(body: bytes = b"x" * 1000, **fields: object) -> MessageEntity:
@@ -137,6 +138,48 @@ async def test_lazy_changes_share_the_next_saves_write_or_are_written_soon_after
             while disk_bytes(tmp_path, "*.log") == log_bytes:
                 await trio.sleep(0.001)
         assert (await store.stats()).details["batches"] == batches + 2
+
+
+async def test_a_durable_write_to_a_synced_file_syncs_itself_else_the_file_is_fdatasynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pwritev with RWF_DSYNC instead of a write and an fdatasync, but only where no
+    earlier unsynced write would be left behind (RWF_DSYNC syncs just its own range)."""
+    calls: list[tuple[str, str, int]] = []
+    pwritev, fdatasync = os.pwritev, os.fdatasync
+
+    def suffix(fd: int) -> str:
+        return Path(os.readlink(f"/proc/self/fd/{fd}")).suffix
+
+    def recording_pwritev(fd: int, buffers: list[bytes], offset: int, flags: int = 0) -> int:
+        calls.append(("write", suffix(fd), flags))
+        return pwritev(fd, buffers, offset, flags)
+
+    def recording_fdatasync(fd: int) -> None:
+        calls.append(("fdatasync", suffix(fd), 0))
+        fdatasync(fd)
+
+    monkeypatch.setattr(os, "pwritev", recording_pwritev)
+    monkeypatch.setattr(os, "fdatasync", recording_fdatasync)
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        first, second, third = message(), message(), message()
+        await store.save(first)  # a new segment: its header was written unsynced
+        assert ("fdatasync", ".seg", 0) in calls
+        calls.clear()
+        await store.save(second)
+        assert calls == [("write", ".seg", RWF_DSYNC)], "the synced segment: one synced write"
+        calls.clear()
+        batches = (await store.stats()).details["batches"]
+        await store.finish(second.message_id)  # lazily logged: written later, not synced
+        with trio.fail_after(5):
+            while (await store.stats()).details["batches"] == batches:
+                await trio.sleep(0.001)
+        assert calls and set(calls) == {("write", ".log", 0)}, "the log's header and the finish"
+        calls.clear()
+        await store.save(third)
+    assert calls[:2] == [("write", ".seg", RWF_DSYNC), ("fdatasync", ".log", 0)], (
+        "the unsynced finish is synced with the next durable batch, by an fdatasync of the whole log"
+    )
 
 
 async def test_fsync_never_still_hands_every_save_to_the_os(tmp_path: Path) -> None:
