@@ -5,7 +5,7 @@ Written by the broker (`--delivery-log`), and by producers and consumers
 owner calls it periodically and at close), so logging an event costs building one
 line, not a write. The broker logs several events per message, so the line is
 built by hand: the same bytes as `json.dumps` of the record dict with compact
-separators, at about a third of the cost. When the file passes `max_bytes` it is
+separators, at under half the cost. When the file passes `max_bytes` it is
 renamed to `<path>.1` (older ones shift to `.2`, … up to `backups`) and a new
 file starts.
 """

@@ -7,8 +7,9 @@ with one pwritev per segment and its log records with one pwritev, syncs the dat
 then the log if any caller in the batch waits for durability (each write with
 RWF_DSYNC when its file holds nothing else unsynced, else an fdatasync after the
 writes), and hands the batch back to Trio (`TrioToken.run_sync_soon`), which sets
-the batch's event: every caller in it wakes together. While a batch is being written the next one fills up,
-so the busier the store, the more saves share each fsync.
+the batch's event: every caller in it wakes together. While a batch is being
+written the next one fills up, so the busier the store, the more saves share each
+fsync.
 
 A batch holding only lazily logged changes (nobody waits on it) is written
 LAZY_WRITE_DELAY after its first record, or with the next save if one comes first.
