@@ -81,22 +81,25 @@ class Message:
 
     @classmethod
     def from_header(cls, header: pb.Header, body: bytes | str) -> Message:
+        # Positional arguments, in field order: once per delivery, and keyword matching
+        # of 14 arguments costs as much as reading the header.
         properties = {entry.key: entry.value for entry in header.properties}
         deliver_count = int(properties.pop(DELIVER_COUNT_PROPERTY, "0") or 0)
         return cls(
-            topic=header.topic,
-            message_type=header.messageType,
-            body=body,
-            message_id=header.messageId,
-            properties=properties,
-            expired_time=header.expiredTime,
-            deliver_limit=header.deliverLimit,
-            fly=header.fly,
-            commit=header.commit,
-            group=header.groupId,
-            create_time=header.createTime,
-            snappy=header.snappy,
-            deliver_count=deliver_count,
+            header.topic,
+            header.messageType,
+            body,
+            header.messageId,
+            properties,
+            header.expiredTime,
+            header.deliverLimit,
+            header.fly,
+            header.commit,
+            header.groupId,
+            header.createTime,
+            header.snappy,
+            None,
+            deliver_count,
         )
 
     @classmethod

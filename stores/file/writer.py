@@ -122,7 +122,10 @@ class Writer:
         self._on_done = on_done
         self._on_compacted = on_compacted
         self._token = trio.lowlevel.current_trio_token()
-        self._cond = threading.Condition()
+        # A plain lock, entered directly on the hot path: an RLock-backed Condition costs
+        # two Python-level calls per record.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._sleeping = False
         self._stopping = False
         self._cut: list[Batch] = []
@@ -156,7 +159,7 @@ class Writer:
 
     def append_message(self, record: bytes, *, durable: bool) -> tuple[Segment, int, Batch]:
         """Reserve the next place in the data segments for `record`; the batch that writes it."""
-        with self._cond:
+        with self._lock:
             if self.end + len(record) > self.segment_bytes and self.end > layout.HEAD_SIZE:
                 number = self.segment.number + 1
                 self.segment = Segment(number, layout.path_of(self.directory, layout.SEGMENT, number))
@@ -175,7 +178,7 @@ class Writer:
 
     def append_ops(self, records: list[bytes], *, durable: bool) -> Batch:
         """Queue operation-log records (under one lock, however many); the batch that writes them."""
-        with self._cond:
+        with self._lock:
             batch = self._open
             batch.log.extend(records)
             self._touch(batch, durable)
@@ -183,20 +186,20 @@ class Writer:
 
     def sync(self) -> Batch:
         """A batch that fsyncs (per the mode) everything appended so far."""
-        with self._cond:
+        with self._lock:
             batch = self._open
             self._touch(batch, True)
         return batch
 
     def reclaim(self, segment: Segment) -> None:
         """Delete an emptied segment once the ops that emptied it are on disk."""
-        with self._cond:
+        with self._lock:
             self._open.reclaim.append(segment)
             self._touch(self._open, False)
 
     def cut(self, snapshot: snapshots.Snapshot) -> None:
         """End the log generation here; write `snapshot` once everything before the cut is synced."""
-        with self._cond:
+        with self._lock:
             batch = self._open
             batch.snapshot = snapshot
             self._touch(batch, True)
@@ -238,7 +241,7 @@ class Writer:
         """Write what is pending with an fsync, then end the threads."""
         if self.failure is None:
             await self.sync().done.wait()
-        with self._cond:
+        with self._lock:
             self._stopping = True
             self._cond.notify()
         await trio.to_thread.run_sync(self._join)
@@ -255,7 +258,7 @@ class Writer:
 
     def _run(self) -> None:
         while True:
-            with self._cond:
+            with self._lock:
                 self._await_work()
                 batches, self._cut = self._cut, []
                 if not self._open.empty:
@@ -277,7 +280,7 @@ class Writer:
                 return
 
     def _await_work(self) -> None:
-        """Sleep (holding `_cond`) until a batch is due: at once if a caller waits on it,
+        """Sleep (holding `_lock`) until a batch is due: at once if a caller waits on it,
         else LAZY_WRITE_DELAY after its first record, so lazily logged changes mostly ride
         along with the next save instead of costing a write and a wake-up of their own."""
         while not self._cut and not self._stopping:

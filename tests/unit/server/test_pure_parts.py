@@ -153,6 +153,53 @@ def test_a_fresh_delivery_reads_as_if_its_header_were_rebuilt(kind: Cmd) -> None
     assert received.properties == {"k": "v"} and received.body == body
 
 
+@pytest.mark.parametrize("kind", [Cmd.BYTES_MESSAGE, Cmd.STRING_MESSAGE])
+def test_every_header_field_reaches_the_entity_and_the_consumer_by_name(kind: Cmd) -> None:
+    """entity_from_wire and Message.from_header pass their fields positionally: pin the order."""
+    body: bytes | str = "text" if kind is Cmd.STRING_MESSAGE else b"bytes"
+    sent = Message(
+        "trade",
+        "pay-succ",
+        body,
+        message_id="0123456789abcdef0123456789abcdef",
+        properties={"k": "v", "kiteq.deliverCount": "3"},
+        expired_time=1_900_000_001,
+        deliver_limit=7,
+        fly=True,
+        commit=False,
+        group="order-svc",
+        create_time=1_800_000_002,
+        snappy=True,
+    )
+    header = sent.header()
+    e = entity_from_wire(kind, sent.to_wire())
+    assert (e.message_id, e.topic, e.message_type, e.producer_group) == (
+        header.messageId,
+        header.topic,
+        header.messageType,
+        header.groupId,
+    )
+    assert (e.kind, e.body) == (kind, body.encode() if isinstance(body, str) else body)
+    assert (e.expired_time, e.deliver_limit, e.commit, e.fly, e.create_time, e.snappy) == (
+        1_900_000_001,
+        7,
+        False,
+        True,
+        1_800_000_002,
+        True,
+    )
+    assert e.properties == {"k": "v", "kiteq.deliverCount": "3"}
+    assert (e.created_at, e.deliver_count, e.succ_groups, e.dead, e.broker) == (0.0, 0, (), False, "")
+    received = Message.from_wire(e.to_wire())
+    assert received.deliver_count == 3 and received.properties == {"k": "v"}
+    assert received.ttl is None
+    same = ("topic", "message_type", "body", "message_id", "expired_time", "deliver_limit", "fly", "commit")
+    for name in (*same, "group", "create_time", "snappy"):
+        assert getattr(received, name) == getattr(sent, name), name
+    sent.properties = {}
+    assert entity_from_wire(kind, sent.to_wire()).properties == {}
+
+
 def test_round_outcomes() -> None:
     e = entity(deliver_count=0, deliver_limit=3, expired_time=int(NOW) + 100)
     r = Round.of(e, frozenset({"a", "b"}))
