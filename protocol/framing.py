@@ -34,7 +34,7 @@ class Frame(NamedTuple):
     """One frame as it crossed the wire; `body` is still serialized protobuf.
 
     A NamedTuple, not a frozen dataclass: every message crosses the wire as two or three
-    frames, and a tuple is built in a third of the time.
+    frames, and a tuple is built in less than half the time.
     """
 
     opaque: int

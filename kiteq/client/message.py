@@ -98,7 +98,7 @@ class Message:
             header.groupId,
             header.createTime,
             header.snappy,
-            None,
+            None,  # ttl: a received message has its expiredTime
             deliver_count,
         )
 
