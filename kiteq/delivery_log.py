@@ -112,14 +112,15 @@ class DeliveryLog:
         self._lines.append("".join(parts))
 
     def _emit_overriding(self, event: str, entity: MessageEntity | None, fields: dict[str, object]) -> str:
-        """The rare line where a field replaces one of the leading keys: built as a dict."""
-        record: dict[str, object] = {"ts": self._clock.now(), "event": event, "source": self.source}
+        """The rare line where a field replaces one of the leading keys: the encoded values
+        are kept in a dict, so a replaced key keeps its place."""
+        record = {"ts": _quote(self._clock.now()), "event": _quote(event), "source": _quote(self.source)}
         if entity is not None:
-            record.update(zip(_MESSAGE_KEYS, (getattr(entity, key) for key in _MESSAGE_KEYS), strict=True))
+            record.update((key, _quote(getattr(entity, key))) for key in _MESSAGE_KEYS)
         if self.broker:
-            record["broker"] = self.broker
-        record.update((k, round(v, 3) if type(v) is float else v) for k, v in fields.items())
-        return json.dumps(record, separators=(",", ":"))
+            record["broker"] = _quote(self.broker)
+        record.update((key, _json_value(value)) for key, value in fields.items())
+        return "{" + ",".join(f"{_quote(key)}:{value}" for key, value in record.items()) + "}"
 
     def flush(self) -> None:
         """Append buffered lines to the file and rotate it when it grew past max_bytes."""
