@@ -8,7 +8,9 @@ process (start() of a store holding N unfinished messages), which also reports
 the process's RSS afterwards: the memory the index costs. Three recoveries are
 timed: after SIGKILL (the snapshots taken while saving, then the data written
 since the last), after a clean stop (the snapshot written at close), and from the
-data segments alone (no snapshot: the worst case).
+data segments alone (no snapshot: the worst case). Then `kiteq-server` itself is
+started on the store (the snapshot of the clean stop): its RSS once it serves is
+what a broker holding N unfinished messages costs, index and every module loaded.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from pathlib import Path
 
 import trio
 
-from benchmarks.harness import Figure, percentile
+from benchmarks.harness import Figure, memory_of, percentile
 from kiteq.logging import configure_logging
 from stores import MessageEntity, open_store
+from tests.procs.broker import BrokerProcess
+from tests.services.ports import wait_for_port
 
 SUITE = "store_saves"
 BODY = 1024
@@ -153,10 +157,9 @@ from benchmarks.store_saves import fill_and_wait
 configure_logging("warning")
 trio.run(fill_and_wait, sys.argv[1], int(sys.argv[2]))
 """
-# Peak RSS is VmHWM, which belongs to the exec-ed address space (ru_maxrss would count
-# the RSS of the forking benchmark process).
 _RECOVER = """
 import json, sys, time, trio
+from benchmarks.harness import memory_of
 from kiteq.logging import configure_logging
 from stores import open_store
 configure_logging("warning")
@@ -167,15 +170,9 @@ async def main(uri):
     await store.start()
     elapsed = time.perf_counter() - started
     stats = await store.stats()
-    rss = int(open("/proc/self/statm").read().split()[1]) * 4096
+    rss, peak_rss = memory_of("self")
     await store.close()
-    print(json.dumps({"seconds": elapsed, "messages": stats.messages, "rss": rss,
-                      "peak_rss": peak_rss()}))
-
-def peak_rss():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
+    print(json.dumps({"seconds": elapsed, "messages": stats.messages, "rss": rss, "peak_rss": peak_rss}))
 
 
 trio.run(main, sys.argv[1])
@@ -223,6 +220,7 @@ def measure_recovery(quick: bool) -> list[Figure]:
         trio.run(_open_and_close, uri)
         cases.append(("after a clean stop", "the snapshot written at close"))
         results.append(_recover(uri, count, repeats))
+        broker_rss, broker_peak = trio.run(_broker_memory, directory)
         for snapshot in directory.glob("*.snap"):
             snapshot.unlink()
         cases.append(("from data segments alone", "no snapshot: every record of every segment"))
@@ -245,7 +243,27 @@ def measure_recovery(quick: bool) -> list[Figure]:
         ]
     peak = [r["peak_rss"] / 2**20 for runs in results for r in runs]
     figures.append(Figure(SUITE, "peak RSS during recovery", max(peak), "MiB", params, peak))
+    broker_params = {**params, "process": "kiteq-server", "reads": "the snapshot written at close"}
+    figures += [
+        Figure(SUITE, "broker RSS serving the stored messages", broker_rss / 2**20, "MiB", broker_params),
+        Figure(SUITE, "broker peak RSS while starting", broker_peak / 2**20, "MiB", broker_params),
+    ]
     return figures
+
+
+async def _broker_memory(directory: Path) -> tuple[int, int]:
+    """Start kiteq-server on the store; its memory once it serves. Its admin port opens
+    only after the store has recovered, so that is the moment to read."""
+    broker = BrokerProcess(
+        directory.parent, f"file://{directory.parent}/registry.json", store=f"file://{directory}"
+    )
+    await broker.start()
+    try:
+        await trio.to_thread.run_sync(wait_for_port, broker.admin_port, 120.0)
+        assert broker.process is not None
+        return memory_of(broker.process.pid)
+    finally:
+        await broker.stop()
 
 
 async def _open_and_close(uri: str) -> None:
