@@ -5,7 +5,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -36,13 +35,3 @@ def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered)) - 1))
     return ordered[rank]
-
-
-def memory_of(pid: int | str) -> tuple[int, int]:
-    """(resident, peak resident) bytes of a process. The peak is VmHWM, which belongs to
-    the exec-ed address space (ru_maxrss would count the forking benchmark process's)."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        fields[key] = value
-    return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024

@@ -27,10 +27,11 @@ from pathlib import Path
 
 import trio
 
-from benchmarks.harness import Figure, memory_of, percentile
+from benchmarks.harness import Figure, percentile
 from kiteq.logging import configure_logging
 from stores import MessageEntity, open_store
 from tests.procs.broker import BrokerProcess
+from tests.procs.memory import memory_of
 from tests.services.ports import wait_for_port
 
 SUITE = "store_saves"
@@ -159,9 +160,9 @@ trio.run(fill_and_wait, sys.argv[1], int(sys.argv[2]))
 """
 _RECOVER = """
 import json, sys, time, trio
-from benchmarks.harness import memory_of
 from kiteq.logging import configure_logging
 from stores import open_store
+from tests.procs.memory import memory_of
 configure_logging("warning")
 
 async def main(uri):

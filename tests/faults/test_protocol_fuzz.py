@@ -17,19 +17,13 @@ from protocol import Cmd, encode_frame, pb
 from protocol.framing import HEADER
 from tests.helpers import RecordingListener, registry_uri, wait_until
 from tests.procs.broker import server_command
+from tests.procs.memory import memory_of
 from tests.services.ports import free_port, wait_for_port
 
 pytestmark = pytest.mark.faults
 
 FUZZ_CONNECTIONS = 24
 FUZZ_SECONDS = 8.0
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def auth_frame(rng: random.Random) -> bytes:
@@ -108,7 +102,7 @@ async def test_fuzzed_broker_stays_up_and_serves_others(tmp_path: Path) -> None:
             Producer(registry, group="good-p", topics=["t"]) as producer,
         ):
             await wait_until(lambda: bool(producer.pool.live("t")))
-            baseline = rss_kib(proc.pid)
+            baseline, _ = memory_of(proc.pid)
             sent_ids: set[str] = set()
             deadline = trio.current_time() + FUZZ_SECONDS
             async with trio.open_nursery() as nursery:
@@ -121,7 +115,7 @@ async def test_fuzzed_broker_stays_up_and_serves_others(tmp_path: Path) -> None:
                 lambda: listener.acked_ids >= sent_ids, timeout=30, what="the good consumer to get everything"
             )
             assert proc.poll() is None, "the broker is still running"
-            grown = rss_kib(proc.pid) - baseline
+            grown = (memory_of(proc.pid)[0] - baseline) // 1024
             assert grown < 100 * 1024, f"broker memory grew by {grown} KiB under fuzzing"
         assert len(sent_ids) > 20, "the well-behaved producer kept sending throughout"
     finally:
