@@ -29,6 +29,13 @@ class ServerConfig:
     max_inflight_per_connection: int = 4096
     idle_timeout: float = 60.0
     handshake_timeout: float = 10.0
+    # Before a connection has authenticated it may send one frame, a ConnMeta of at most
+    # this many bytes: a peer that has proved nothing gets no megabyte buffers.
+    pre_auth_max_bytes: int = 4096
+    # Unauthenticated connections, in all and per address. When either is full the oldest
+    # unauthenticated one makes room, so a flood of silent peers cannot lock clients out.
+    max_unauthenticated: int = 1024
+    max_unauthenticated_per_address: int = 64
     log_level: str = "info"
     log_format: str = "console"
     admin_token: str = ""
@@ -57,15 +64,39 @@ class TxConfig:
 
 
 @dataclass
+class TlsConfig:
+    """TLS on the client port and the admin endpoint; off while `cert` is empty."""
+
+    cert: str = ""
+    key: str = ""
+    ca: str = ""
+    require_client_cert: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert)
+
+
+@dataclass(frozen=True)
+class AclRule:
+    """What one group may do: topic glob patterns; None (the key absent) allows every topic."""
+
+    publish: tuple[str, ...] | None = None
+    subscribe: tuple[str, ...] | None = None
+
+
+@dataclass
 class BrokerConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     auth: dict[str, str] = field(default_factory=dict)
+    acl: dict[str, AclRule] = field(default_factory=dict)
+    tls: TlsConfig = field(default_factory=TlsConfig)
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
     tx: TxConfig = field(default_factory=TxConfig)
 
     def validate(self) -> BrokerConfig:
         """Raise ConfigError for the first invalid value, naming its key."""
-        for section in ("server", "delivery", "tx"):
+        for section in ("server", "delivery", "tx", "tls"):
             for f in dataclasses.fields(getattr(self, section)):
                 value = getattr(getattr(self, section), f.name)
                 if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
@@ -85,9 +116,23 @@ class BrokerConfig:
             raise ConfigError("[server] max_frame_bytes: must be at least 1024")
         if self.tx.tx_check_max < 1 or self.tx.tx_check_inflight < 1 or self.tx.tx_check_rate <= 0:
             raise ConfigError("[tx] tx_check_max, tx_check_inflight and tx_check_rate must be positive")
+        if self.server.pre_auth_max_bytes < 256:
+            raise ConfigError("[server] pre_auth_max_bytes: must be at least 256 (a ConnMeta must fit)")
+        if self.server.max_unauthenticated < 1 or self.server.max_unauthenticated_per_address < 1:
+            raise ConfigError(
+                "[server] max_unauthenticated and max_unauthenticated_per_address must be positive"
+            )
         for group, secret in self.auth.items():
             if not isinstance(secret, str):
                 raise ConfigError(f"[auth] {group}: the secret must be a string")
+        if bool(self.tls.cert) != bool(self.tls.key):
+            raise ConfigError("[tls] cert and key: set both (PEM files) or neither")
+        if self.tls.require_client_cert and not self.tls.ca:
+            raise ConfigError(
+                "[tls] require_client_cert: needs [tls] ca, the CA that signs client certificates"
+            )
+        if self.tls.ca and not self.tls.enabled:
+            raise ConfigError("[tls] ca: needs [tls] cert and key (the broker's own certificate)")
         return self
 
 
@@ -119,6 +164,25 @@ def _apply(target: object, values: dict[str, Any], section: str) -> None:
         setattr(target, key, value)
 
 
+def _acl_rules(values: object) -> dict[str, AclRule]:
+    """[acl.GROUP] tables: `publish` and `subscribe`, each a list of topic glob patterns."""
+    if not isinstance(values, dict):
+        raise ConfigError("[acl]: must hold one table per group, e.g. [acl.order-svc]")
+    rules: dict[str, AclRule] = {}
+    for group, table in values.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f'[acl.{group}]: must be a table, e.g. publish = ["trade"]')
+        patterns: dict[str, tuple[str, ...]] = {}
+        for key, value in table.items():
+            if key not in ("publish", "subscribe"):
+                raise ConfigError(f"[acl.{group}] {key}: unknown key (known: publish, subscribe)")
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(f"[acl.{group}] {key}: expected a list of topic patterns, got {value!r}")
+            patterns[key] = tuple(value)
+        rules[group] = AclRule(**patterns)
+    return rules
+
+
 def load_config(path: Path | None = None, overrides: dict[str, dict[str, Any]] | None = None) -> BrokerConfig:
     """Defaults, then the TOML file, then `overrides` ({section: {key: value}}) from flags."""
     config = BrokerConfig()
@@ -135,10 +199,12 @@ def load_config(path: Path | None = None, overrides: dict[str, dict[str, Any]] |
             if not isinstance(values, dict):
                 raise ConfigError('[auth]: must be a table of group = "secret"')
             config.auth.update(values)
-        elif section in ("server", "delivery", "tx") and isinstance(values, dict):
+        elif section == "acl":
+            config.acl.update(_acl_rules(values))
+        elif section in ("server", "delivery", "tx", "tls") and isinstance(values, dict):
             _apply(getattr(config, section), values, section)
         else:
-            raise ConfigError(f"[{section}]: unknown section (known: server, auth, delivery, tx)")
+            raise ConfigError(f"[{section}]: unknown section (known: server, auth, acl, tls, delivery, tx)")
     for section, values in (overrides or {}).items():
         _apply(getattr(config, section), {k: v for k, v in values.items() if v is not None}, section)
     return config.validate()

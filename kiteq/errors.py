@@ -16,6 +16,10 @@ class RegistryError(KiteQError):
     """The registry (ZooKeeper or the registry file) cannot be used as asked."""
 
 
+class TLSError(KiteQError):
+    """A TLS handshake failed: an untrusted certificate, a plaintext peer, a bad CA file."""
+
+
 class ConnectionClosed(KiteQError):
     """The connection to the peer is gone; requests on it failed."""
 
@@ -56,5 +60,6 @@ __all__ = [
     "StoreError",
     "StoreLocked",
     "StoreUnavailable",
+    "TLSError",
     "leaf_error",
 ]

@@ -9,7 +9,7 @@ is the consumer's back-pressure), answering through `reply`.
 from __future__ import annotations
 
 import itertools
-import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,6 +18,7 @@ import structlog
 import trio
 
 from kiteq.errors import AuthError, ConnectionClosed, ProtocolError
+from kiteq.tls import open_stream
 from kiteq.transport import FramedStream
 from protocol import Cmd, Frame, decode_body, encode_frame, pb
 from protocol.framing import DEFAULT_MAX_BODY
@@ -86,8 +87,10 @@ class ClientConnection:
         on_request: RequestHandler | None = None,
         max_body: int = DEFAULT_MAX_BODY,
         answers_due: Callable[[], int] = lambda: 0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
+        self.tls = tls
         self.credentials = credentials
         self.on_request = on_request
         self.answers_due = answers_due
@@ -115,8 +118,7 @@ class ClientConnection:
         """
         host, _, port = self.address.rpartition(":")
         with trio.fail_after(CONNECT_TIMEOUT):
-            stream = await trio.open_tcp_stream(host, int(port))
-        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+            stream = await open_stream(host, int(port), self.tls)
         self.framed = FramedStream(stream, self.max_body, expect_more=self._busy, read_size=READ_SIZE)
         authenticated = False
         try:

@@ -24,6 +24,7 @@ import trio
 
 from kiteq.config import BrokerConfig
 from kiteq.delivery_log import DeliveryLog
+from kiteq.errors import TLSError
 from kiteq.registry import Registry, open_registry
 from kiteq.registry.bindings import Binding
 from kiteq.server.adoption import AdoptLoop
@@ -37,6 +38,7 @@ from kiteq.server.routing import Router
 from kiteq.server.tx.backscan import TxBackscan, decision_of
 from kiteq.server.tx.decisions import apply_decision
 from kiteq.server.validate import InvalidMessage, validate_message
+from kiteq.tls import accept_stream, server_context
 from protocol import Cmd, TxStatus, pb
 from stores import MessageStore, SharedStore, StoreError, entity_from_wire, open_store
 from stores.entity import MessageEntity
@@ -62,6 +64,7 @@ class Broker:
         self.store = store or open_store(config.server.store)
         self.registry = registry or open_registry(config.server.registry)
         self.address = config.server.bind
+        self.tls = server_context(config.tls)
         self.admin_address = ""
         delivery_log = (
             DeliveryLog(config.server.delivery_log, "broker", max_bytes=config.server.delivery_log_max_bytes)
@@ -215,7 +218,16 @@ class Broker:
             await trio.aclose_forcefully(stream)
             return
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-        connection = BrokerConnection(self, stream, peer)
+        secured: trio.abc.Stream | None = None
+        with trio.move_on_after(self.config.server.handshake_timeout):
+            try:
+                secured = await accept_stream(stream, self.tls)
+            except TLSError as exc:
+                log.info("connection.tls_failed", conn=peer, error=str(exc)[:200])
+        if secured is None:
+            await trio.aclose_forcefully(stream)
+            return
+        connection = BrokerConnection(self, secured, peer)
         self.connections.add(connection)
         try:
             await connection.serve()

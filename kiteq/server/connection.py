@@ -56,7 +56,7 @@ class Refused(Exception):
 
 
 class BrokerConnection:
-    def __init__(self, broker: Broker, stream: trio.SocketStream, peer: str) -> None:
+    def __init__(self, broker: Broker, stream: trio.abc.Stream, peer: str) -> None:
         self.broker = broker
         self.peer = peer
         self.framed = FramedStream(stream, broker.config.server.max_frame_bytes, expect_more=self._busy)
