@@ -206,5 +206,8 @@ def load_config(path: Path | None = None, overrides: dict[str, dict[str, Any]] |
         else:
             raise ConfigError(f"[{section}]: unknown section (known: server, auth, acl, tls, delivery, tx)")
     for section, values in (overrides or {}).items():
-        _apply(getattr(config, section), {k: v for k, v in values.items() if v is not None}, section)
+        if section == "acl":
+            config.acl.update(_acl_rules(values))
+        else:
+            _apply(getattr(config, section), {k: v for k, v in values.items() if v is not None}, section)
     return config.validate()

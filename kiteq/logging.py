@@ -7,6 +7,18 @@ import sys
 
 import structlog
 
+# The longest value a log line carries. Client-supplied names are quoted and cut to 128
+# characters where they are logged (`protocol.session.quote`); this is the backstop, so
+# no peer can make one line of ours megabytes long. Tracebacks are exempt.
+MAX_VALUE_CHARS = 1024
+
+
+def _clip_long_values(_logger: object, _method: str, event: dict[str, object]) -> dict[str, object]:
+    for key, value in event.items():
+        if isinstance(value, str) and len(value) > MAX_VALUE_CHARS and key != "exception":
+            event[key] = f"{value[:MAX_VALUE_CHARS]}... ({len(value)} characters)"
+    return event
+
 
 class _CurrentStderr:
     """Writes to `sys.stderr` as it is at each write, not as it was at configuration.
@@ -36,6 +48,7 @@ def configure_logging(level: str = "info", fmt: str = "console") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            _clip_long_values,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

@@ -1,6 +1,7 @@
-"""A framed TCP stream: the I/O edge around the sans-IO FrameDecoder.
+"""A framed byte stream: the I/O edge of a connection, around its sans-IO Session.
 
-Both the broker's and the clients' connections use it. Writes never block the
+Both the broker's and the clients' connections use it: bytes read go to the owner
+(which feeds its `protocol.Session`), encoded frames go out through the outbox. Writes never block the
 caller: frames go into an outbox that one writer task flushes with a single
 `send_all` per wake-up, so a burst of acks or deliveries costs one syscall, not one
 per frame (the cost on loopback is per send, not per byte). The outbox is bounded
@@ -23,8 +24,6 @@ from collections.abc import Awaitable, Callable
 import structlog
 import trio
 
-from protocol import Frame, FrameDecoder
-
 log = structlog.get_logger(__name__)
 
 READ_SIZE = 256 * 1024
@@ -43,7 +42,6 @@ class FramedStream:
     def __init__(
         self,
         stream: trio.abc.Stream,
-        max_body: int,
         outbox_limit: int = DEFAULT_OUTBOX_LIMIT,
         expect_more: Callable[[], bool] = lambda: False,
         read_size: int = READ_SIZE,
@@ -51,7 +49,6 @@ class FramedStream:
         self.stream = stream
         self.read_size = read_size
         self.expect_more = expect_more
-        self.decoder = FrameDecoder(max_body)
         self.outbox_limit = outbox_limit
         self._outbox: list[bytes] = []
         self._outbox_bytes = 0
@@ -103,10 +100,10 @@ class FramedStream:
         self._closed = True
         self._wakeup.set()
 
-    async def read_loop(self, on_frames: Callable[[list[Frame]], Awaitable[None]]) -> None:
-        """Feed received bytes to the decoder and hand over every frame of each read.
+    async def read_loop(self, on_data: Callable[[bytes], Awaitable[None]]) -> None:
+        """Hand every read to `on_data` (at most `read_size` bytes, read anew each time).
 
-        Returns at EOF or when the peer resets; raises ProtocolError on a framing error.
+        Returns at EOF or when the peer resets; whatever `on_data` raises ends it.
         """
         try:
             while True:
@@ -114,9 +111,6 @@ class FramedStream:
                 if not data:
                     return
                 self.bytes_in += len(data)
-                frames = self.decoder.feed(data)
-                if frames:
-                    await on_frames(frames)
-                self.decoder.check()
+                await on_data(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return

@@ -1,14 +1,14 @@
-"""One client connection to one broker: handshake, requests by opaque, heartbeats.
+"""One client connection to one broker: the I/O around its `protocol.Session`.
 
-Requests this client sends wait on their own opaque in this connection's table.
-Requests the broker sends (deliveries, transaction checks) go to `on_request`,
-which the Producer or Consumer supplies; it runs in the reader and may wait (that
-is the consumer's back-pressure), answering through `reply`.
+The session matches answers to the requests this client sent (by opaque, in this
+connection's own table) and says what the broker asks. Requests the broker sends
+(deliveries, transaction checks) go to `on_request`, which the Producer or Consumer
+supplies; it runs in the reader and may wait (that is the consumer's back-pressure),
+answering through `send`.
 """
 
 from __future__ import annotations
 
-import itertools
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -20,12 +20,12 @@ import trio
 from kiteq.errors import AuthError, ConnectionClosed, ProtocolError
 from kiteq.tls import open_stream
 from kiteq.transport import FramedStream
-from protocol import Cmd, Frame, decode_body, encode_frame, pb
+from protocol import Cmd, Frame, pb
 from protocol.framing import DEFAULT_MAX_BODY
+from protocol.session import Answered, Ignored, Request, Role, Session
 
 log = structlog.get_logger(__name__)
 
-RESPONSES = frozenset({Cmd.CONN_AUTH_ACK, Cmd.MESSAGE_STORE_ACK, Cmd.HEARTBEAT})
 HEARTBEAT_INTERVAL = 10.0
 HEARTBEAT_TIMEOUT = 5.0
 HEARTBEAT_MISSES = 3
@@ -54,10 +54,9 @@ class _Waiter:
     profile; a request has exactly one waiter, so rescheduling that task is enough.
     """
 
-    __slots__ = ("deadline", "done", "response", "task", "timed_out")
+    __slots__ = ("done", "response", "task", "timed_out")
 
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
+    def __init__(self) -> None:
         self.task = trio.lowlevel.current_task()
         self.done = False
         self.response: object | None = None
@@ -94,16 +93,14 @@ class ClientConnection:
         self.credentials = credentials
         self.on_request = on_request
         self.answers_due = answers_due
-        self.max_body = max_body
+        self.session = Session(Role.CLIENT, max_frame_bytes=max_body)
         self.framed: FramedStream | None = None
-        self._waiters: dict[int, _Waiter] = {}
-        self._opaques = itertools.cycle(range(1, 2**32))
         self._flushed = trio.Event()
         self.log = log.bind(broker=address, group=credentials.group)
 
     def _busy(self) -> bool:
         """More frames are on their way: answers to our requests, or our answers to the broker's."""
-        return len(self._waiters) > 1 or self.answers_due() > 1
+        return self.session.pending > 1 or self.answers_due() > 1
 
     @property
     def alive(self) -> bool:
@@ -113,13 +110,14 @@ class ClientConnection:
         """Connect, authenticate, then serve until the connection ends.
 
         `task_status.started(self)` fires once authenticated. Raises AuthError if the
-        broker refuses us, OSError if it cannot be reached, ConnectionClosed if it hangs
-        up during the handshake; returns when it hangs up later.
+        broker refuses us, TLSError if its certificate is not trusted, OSError if it
+        cannot be reached, ConnectionClosed if it hangs up during the handshake;
+        returns when it hangs up later.
         """
         host, _, port = self.address.rpartition(":")
         with trio.fail_after(CONNECT_TIMEOUT):
             stream = await open_stream(host, int(port), self.tls)
-        self.framed = FramedStream(stream, self.max_body, expect_more=self._busy, read_size=READ_SIZE)
+        self.framed = FramedStream(stream, expect_more=self._busy, read_size=READ_SIZE)
         authenticated = False
         try:
             async with trio.open_nursery() as nursery:
@@ -136,9 +134,8 @@ class ClientConnection:
         finally:
             self.framed.finish()
             self._flushed.set()
-            for waiter in self._waiters.values():
+            for waiter in self.session.close():
                 waiter.finish()
-            self._waiters.clear()
             await trio.aclose_forcefully(stream)
 
     async def _write(self) -> None:
@@ -161,22 +158,29 @@ class ClientConnection:
     async def _read_then_stop(self, scope: trio.CancelScope) -> None:
         assert self.framed is not None
         try:
-            await self.framed.read_loop(self._on_frames)
+            await self.framed.read_loop(self._on_data)
         except ProtocolError as exc:
             self.log.warning("client.protocol_error", error=str(exc))
         self.framed.finish()
         scope.cancel()
 
     async def _handshake(self) -> None:
-        meta = pb.ConnMeta(
-            groupId=self.credentials.group,
-            secretKey=self.credentials.secret,
-            warmingupSec=self.credentials.warmup_seconds,
+        assert self.framed is not None
+        credentials = self.credentials
+        waiter = _Waiter()
+        self.framed.send(
+            self.session.connect(
+                credentials.group,
+                credentials.secret,
+                credentials.warmup_seconds,
+                waiter,
+                trio.current_time() + CONNECT_TIMEOUT,
+            )
         )
-        ack = await self.request(Cmd.CONN_META, meta, CONNECT_TIMEOUT)
+        ack = await self._answer_of(waiter, CONNECT_TIMEOUT)
         assert isinstance(ack, pb.ConnAuthAck)
         if not ack.status:
-            raise AuthError(f"broker {self.address} refused group {self.credentials.group!r}: {ack.feedback}")
+            raise AuthError(f"broker {self.address} refused group {credentials.group!r}: {ack.feedback}")
 
     async def _heartbeat(self) -> None:
         misses = 0
@@ -193,15 +197,23 @@ class ClientConnection:
 
     async def request(self, cmd: Cmd, message: object, timeout: float) -> object:
         """Send and wait for the answer with the same opaque; TooSlowError after `timeout`."""
-        if not self.alive:
+        if self.framed is None or not self.alive:
             raise ConnectionClosed(f"connection to {self.address} is closed")
-        opaque = next(self._opaques)
-        waiter = self._waiters[opaque] = _Waiter(trio.current_time() + timeout)
+        waiter = _Waiter()
+        opaque, data = self.session.request(
+            cmd,
+            message.SerializeToString(),  # type: ignore[attr-defined]
+            waiter,
+            trio.current_time() + timeout,
+        )
         try:
-            self.send(opaque, cmd, message)
-            await waiter.wait()
+            self.framed.send(data)
+            return await self._answer_of(waiter, timeout)
         finally:
-            self._waiters.pop(opaque, None)
+            self.session.forget(opaque)
+
+    async def _answer_of(self, waiter: _Waiter, timeout: float) -> object:
+        await waiter.wait()
         if waiter.timed_out:
             raise trio.TooSlowError(f"no answer from {self.address} within {timeout:g} s")
         if waiter.response is None:
@@ -212,28 +224,22 @@ class ClientConnection:
         """Time out unanswered requests: one task per connection, not a cancel scope per request."""
         while True:
             await trio.sleep(EXPIRY_TICK)
-            now = trio.current_time()
-            for waiter in self._waiters.values():
-                if waiter.deadline <= now:
-                    waiter.finish(timed_out=True)
+            for waiter in self.session.expire(trio.current_time()):
+                waiter.finish(timed_out=True)
 
     def send(self, opaque: int, cmd: Cmd, message: object) -> None:
-        """Send without waiting for an answer (replies, one-way tx decisions)."""
+        """Send without waiting for an answer (acks, tx decisions and answers)."""
         if self.framed is None or self.framed.closed:
             raise ConnectionClosed(f"connection to {self.address} is closed")
-        self.framed.send(encode_frame(opaque, cmd, message))  # type: ignore[arg-type]
+        self.framed.send(self.session.send(opaque, cmd, message))
 
-    async def _on_frames(self, frames: list[Frame]) -> None:
-        for frame in frames:
-            try:
-                body = decode_body(frame)
-            except ProtocolError as exc:
-                self.log.warning("client.bad_body", cmd=frame.cmd.name, error=str(exc))
-                continue
-            waiter = self._waiters.get(frame.opaque) if frame.cmd in RESPONSES else None
-            if waiter is not None:
-                waiter.finish(body)
-            elif frame.cmd is Cmd.CONN_AUTH_ACK and not body.status:  # type: ignore[attr-defined]
-                self.log.warning("client.refused", feedback=body.feedback)  # type: ignore[attr-defined]
-            elif self.on_request is not None and frame.cmd not in RESPONSES:
-                await self.on_request(self, frame, body)
+    async def _on_data(self, data: bytes) -> None:
+        for event in self.session.receive_data(data):
+            if type(event) is Answered:
+                event.request.finish(event.answer)
+            elif type(event) is Request:
+                if self.on_request is not None:
+                    await self.on_request(self, event.frame, event.body)
+            elif type(event) is Ignored:
+                self.log.warning("client.ignored_frame", cmd=event.cmd.name, reason=event.reason)
+        self.session.check()

@@ -13,7 +13,6 @@ of a message reads top to bottom: validate -> save -> ack -> dispatch.
 
 from __future__ import annotations
 
-import hmac
 import socket
 import time
 from collections.abc import Sequence
@@ -24,22 +23,25 @@ import trio
 
 from kiteq.config import BrokerConfig
 from kiteq.delivery_log import DeliveryLog
-from kiteq.errors import TLSError
 from kiteq.registry import Registry, open_registry
 from kiteq.registry.bindings import Binding
+from kiteq.server.acl import Acl
+from kiteq.server.admission import Admission
 from kiteq.server.adoption import AdoptLoop
-from kiteq.server.connection import BrokerConnection, MessageRequest
+from kiteq.server.auth import Authenticator
+from kiteq.server.connection import BrokerConnection
 from kiteq.server.delivery.dispatcher import Dispatcher
 from kiteq.server.delivery.recover import RecoverLoop
 from kiteq.server.events import Events
 from kiteq.server.groups import GroupTable
-from kiteq.server.ratelimit import TokenBucket
+from kiteq.server.refusals import RefusalLog
 from kiteq.server.routing import Router
 from kiteq.server.tx.backscan import TxBackscan, decision_of
 from kiteq.server.tx.decisions import apply_decision
 from kiteq.server.validate import InvalidMessage, validate_message
-from kiteq.tls import accept_stream, server_context
-from protocol import Cmd, TxStatus, pb
+from kiteq.tls import server_context
+from protocol import TxStatus
+from protocol.session import Hello, MessageReceived, TxDecision, quote
 from stores import MessageStore, SharedStore, StoreError, entity_from_wire, open_store
 from stores.entity import MessageEntity
 
@@ -83,7 +85,14 @@ class Broker:
         self.started_at = time.time()
         self.served_topics: tuple[str, ...] = ()
         self._registering = trio.Lock()
-        self._auth_failures: dict[str, TokenBucket] = {}
+        server = config.server
+        self.admission = Admission(
+            server.max_connections, server.max_unauthenticated, server.max_unauthenticated_per_address
+        )
+        self.authenticator = Authenticator(config.auth)
+        self.acl = Acl(config.acl)
+        self.denied_bindings: list[Binding] = []
+        self.refusals = RefusalLog()
         self._nursery: trio.Nursery | None = None
         self._stop_requested = trio.Event()
         self._accepting = trio.CancelScope()
@@ -131,6 +140,7 @@ class Broker:
             nursery.start_soon(self.recover.run)
             nursery.start_soon(self.backscan.run)
             nursery.start_soon(self._expire_requests)
+            nursery.start_soon(self.refusals.run)
             if isinstance(self.store, SharedStore):
                 adoption = AdoptLoop(
                     self.store, self.registry, self.config.server.adopt_after, self.recover.wake
@@ -152,6 +162,7 @@ class Broker:
 
     async def _shut_down(self, nursery: trio.Nursery, listeners: list[trio.SocketListener]) -> None:
         log.info("broker.stopping", inflight=len(self.dispatcher.rounds))
+        self.refusals.flush()
         self._accepting.cancel()
         for listener in listeners:
             await listener.aclose()
@@ -198,6 +209,17 @@ class Broker:
                 log.warning("broker.unregister_failed", error=str(exc))
 
     def _on_bindings(self, bindings: list[Binding]) -> None:
+        if self.acl.restricts:
+            bindings, denied = self.acl.split(bindings)
+            if denied != self.denied_bindings:
+                for binding in denied:
+                    log.warning(
+                        "acl.binding_denied",
+                        group=quote(binding.group),
+                        topic=quote(binding.topic),
+                        detail="its group may not subscribe to this topic ([acl] subscribe): nothing is delivered for it",
+                    )
+            self.denied_bindings = denied
         self.router.update(bindings)
         self.dispatcher.sync_lanes(bindings)
         self.recover.wake()
@@ -213,21 +235,15 @@ class Broker:
             peer = f"{peer_host}:{peer_port}"
         except OSError:
             peer = "?"
-        if len(self.connections) >= self.config.server.max_connections:
-            log.warning("connection.refused", conn=peer, reason="max_connections reached")
+        connection = BrokerConnection(self, stream, peer)
+        evicted = self.admission.admit(connection, connection.host)
+        if evicted is None:
+            self.refusals.refused("connection.refused", conn=peer, reason="max_connections reached")
             await trio.aclose_forcefully(stream)
             return
+        for victim in evicted:
+            victim.evict()  # type: ignore[attr-defined]
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-        secured: trio.abc.Stream | None = None
-        with trio.move_on_after(self.config.server.handshake_timeout):
-            try:
-                secured = await accept_stream(stream, self.tls)
-            except TLSError as exc:
-                log.info("connection.tls_failed", conn=peer, error=str(exc)[:200])
-        if secured is None:
-            await trio.aclose_forcefully(stream)
-            return
-        connection = BrokerConnection(self, secured, peer)
         self.connections.add(connection)
         try:
             await connection.serve()
@@ -235,30 +251,26 @@ class Broker:
             log.exception("connection.failed", conn=peer)
         finally:
             self.connections.discard(connection)
+            self.admission.closed(connection)
             if connection.authenticated:
                 self.groups.remove(connection)
                 log.info("connection.closed", conn=peer, group=connection.group)
 
-    def check_auth(self, group: str, secret: str, peer: str) -> str:
-        """'' if the group may connect, else the reason sent back (never echoing the secret)."""
-        if not group:
-            return "groupId must not be empty"
-        if not self.config.auth:
+    def authenticate(self, connection: BrokerConnection, hello: Hello) -> str:
+        """'' if the connection may act as `hello.group`, else the reason sent back (never the secret)."""
+        refusal = self.authenticator.check(hello.group, hello.secret, connection.host, time.monotonic())
+        if refusal is None:
             return ""
-        host = peer.rpartition(":")[0]
-        bucket = self._auth_failures.get(host)
-        if bucket is not None and bucket.try_take(time.monotonic()) is False:
-            log.warning("auth.rate_limited", conn=peer, group=group)
-            return "too many failed authentications from this address; wait and retry"
-        expected = self.config.auth.get(group)
-        if expected is not None and _same(expected, secret):
-            return ""
-        if bucket is None:
-            self._auth_failures[host] = TokenBucket(rate=1.0, burst=10.0)
-        log.warning("auth.refused", conn=peer, group=group, known_group=expected is not None)
-        return f"authentication failed for group {group!r}: unknown group or wrong secret"
+        self.refusals.refused(
+            refusal.kind,
+            conn=connection.peer,
+            group=quote(hello.group),
+            known_group=hello.group in self.authenticator.secrets,
+        )
+        return refusal.reason
 
     def connection_authenticated(self, connection: BrokerConnection) -> None:
+        self.admission.authenticated(connection)
         self.groups.add(connection)
         self.recover.wake()
 
@@ -271,7 +283,7 @@ class Broker:
 
     # -- handlers -----------------------------------------------------------------------------
 
-    async def produce(self, connection: BrokerConnection, requests: Sequence[MessageRequest]) -> None:
+    async def produce(self, connection: BrokerConnection, requests: Sequence[MessageReceived]) -> None:
         """Validate, store, ack, then dispatch the messages of one read.
 
         They are saved together (one fsync, one INSERT), and each is acked only once the
@@ -281,18 +293,23 @@ class Broker:
         now = time.time()
         lease = now + IN_FLIGHT_LEASE_FACTOR * self.config.delivery.deliver_timeout
         pending: list[tuple[int, MessageEntity, bytes]] = []
+        acl = self.acl if self.acl.restricts else None
         for opaque, cmd, message, sent in requests:
             entity = entity_from_wire(cmd, message)
             try:
                 validate_message(entity, now)
+                if acl is not None and not acl.may_publish(connection.group, entity.topic):
+                    raise InvalidMessage(
+                        f"group {quote(connection.group)} may not publish to topic {quote(entity.topic)} ([acl] publish)"
+                    )
             except InvalidMessage as exc:
-                _ack(connection, opaque, entity, False, str(exc))
+                connection.store_ack(opaque, entity.message_id, False, str(exc))
                 continue
             entity.created_at = now
             entity.next_deliver_at = lease
             entity.broker = self.address
             if entity.fly:
-                _ack(connection, opaque, entity, True, "FLY NO NEED SAVE")
+                connection.store_ack(opaque, entity.message_id, True, "FLY NO NEED SAVE")
                 self.dispatcher.submit(entity, sent)
                 continue
             pending.append((opaque, entity, sent))
@@ -316,10 +333,10 @@ class Broker:
             log.warning("message.store_failed", conn=connection.peer, messages=len(entities), error=str(exc))
             feedback = f"Store Result false: {exc or 'store timed out'}; resend the message"
             for opaque, entity, _ in pending:
-                _ack(connection, opaque, entity, False, feedback)
+                connection.store_ack(opaque, entity.message_id, False, feedback)
             return
         for (opaque, entity, _), stored in zip(pending, saved, strict=True):
-            _ack(connection, opaque, entity, True, STORED if stored else STORED_BEFORE)
+            connection.store_ack(opaque, entity.message_id, True, STORED if stored else STORED_BEFORE)
         if len(pending) >= ACKS_FIRST:
             # The producer's next sends wait on these acks: let them leave before the dispatch
             # work below (and whatever else is runnable) delays them by milliseconds. Not a
@@ -333,17 +350,36 @@ class Broker:
             if entity.commit and now_or_later:
                 self.dispatcher.submit(entity, sent)
 
-    async def decide(self, connection: BrokerConnection, packet: pb.TxACKPacket) -> None:
-        status = decision_of(packet.status)
+    async def decide(self, connection: BrokerConnection, decision: TxDecision) -> None:
+        """Apply a producer's commit or rollback, if the message is of its own group."""
+        status = decision_of(decision.status)
         if status is TxStatus.UNKNOWN:
             return
+        entity: MessageEntity | None = None
         try:
-            await apply_decision(self.store, self.dispatcher, self.events, packet.header.messageId, status)
+            entity = await self.store.get(decision.message_id)
+            if entity is None:
+                self.refusals.refused(
+                    "tx.unknown_message", conn=connection.peer, message_id=quote(decision.message_id)
+                )
+                return
+            if entity.producer_group != decision.group:
+                self.refusals.refused(
+                    "tx.wrong_group",
+                    conn=connection.peer,
+                    group=quote(decision.group),
+                    producer_group=quote(entity.producer_group),
+                    message_id=entity.message_id,
+                    decision=status.name.lower(),
+                    detail="only a connection of the message's producer group may decide it",
+                )
+                return
+            await apply_decision(self.store, self.dispatcher, self.events, entity, status)
         except StoreError as exc:
             log.warning(
                 "tx.decision_failed",
                 conn=connection.peer,
-                message_id=packet.header.messageId,
+                message_id=entity.message_id if entity else quote(decision.message_id),
                 error=str(exc),
                 detail="the back-scan will ask again",
             )
@@ -395,7 +431,20 @@ class Broker:
             "address": self.address,
             "started_at": self.started_at,
             "uptime": time.time() - self.started_at,
-            "connections": {"total": len(self.connections), "by_group": connections},
+            "connections": {
+                "total": len(self.connections),
+                "unauthenticated": self.admission.unauthenticated,
+                "by_group": connections,
+            },
+            "security": {
+                "auth": "open" if self.authenticator.open else "secrets",
+                "tls": self.tls is not None,
+                "refusals": self.refusals.totals,
+                "denied_bindings": [
+                    {"group": b.group, "topic": b.topic, "message_type": b.message_type}
+                    for b in self.denied_bindings
+                ],
+            },
             "registry": {
                 "uri": self.registry.uri,
                 "connected": self.registry.connected,
@@ -417,17 +466,3 @@ class Broker:
             },
             "events": totals,
         }
-
-
-def _ack(
-    connection: BrokerConnection, opaque: int, entity: MessageEntity, status: bool, feedback: str
-) -> None:
-    connection.reply(
-        opaque,
-        Cmd.MESSAGE_STORE_ACK,
-        pb.MessageStoreAck(messageId=entity.message_id, status=status, feedback=feedback),
-    )
-
-
-def _same(expected: str, given: str) -> bool:
-    return hmac.compare_digest(expected.encode(), given.encode())

@@ -157,6 +157,11 @@ class BrokerMetrics(Collector):
             ("kiteq_uptime_seconds", "Seconds since the broker started.", stats["uptime"]),
             ("kiteq_connections", "Open client connections.", stats["connections"]["total"]),
             (
+                "kiteq_connections_unauthenticated",
+                "Connections that have not authenticated yet.",
+                stats["connections"]["unauthenticated"],
+            ),
+            (
                 "kiteq_registry_connected",
                 "1 while the registry (ZooKeeper) is reachable.",
                 registry["connected"],
@@ -171,6 +176,12 @@ class BrokerMetrics(Collector):
             "Authenticated connections per group.",
             ("group",),
             {(group,): n for group, n in stats["connections"]["by_group"].items()},
+        )
+        yield _labelled(
+            "kiteq_refusals",
+            "Refusals since start: failed logins, evicted or broken connections, foreign decisions.",
+            ("kind",),
+            {(kind,): n for kind, n in stats["security"]["refusals"].items()},
         )
         inflight: dict[tuple[str, ...], float] = {}
         queued: dict[tuple[str, ...], float] = {}

@@ -174,8 +174,10 @@ async def test_commit_and_rollback_race_exactly_one_wins(tmp_path: Path) -> None
                 message_id: str = message.message_id,
                 results: dict[TxStatus, bool] = results,
             ) -> None:
-                results[status] = await apply_decision(
-                    broker.store, broker.dispatcher, broker.events, message_id, status
+                # As Broker.decide does: a message already rolled back is gone, and loses.
+                entity = await broker.store.get(message_id)
+                results[status] = entity is not None and await apply_decision(
+                    broker.store, broker.dispatcher, broker.events, entity, status
                 )
 
             async with trio.open_nursery() as nursery:

@@ -14,7 +14,6 @@ item, and the pump would pay a trip through the scheduler per delivery.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -38,7 +37,6 @@ class Delivery:
     owner: Dispatcher
     opaque: int = 0
     sent_at: float = 0.0
-    deadline: float = math.inf
 
     def resolve(self, ok: bool, reason: str = "") -> None:
         self.owner.resolve(self, ok, reason)

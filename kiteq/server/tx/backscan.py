@@ -38,7 +38,6 @@ class TxCheck:
     entity: MessageEntity
     scan: TxBackscan
     opaque: int = 0
-    deadline: float = 0.0
     sent_at: float = field(default_factory=time.time)
 
     def resolve(self, ok: bool, reason: str = "") -> None:

@@ -14,39 +14,40 @@ from kiteq.server.delivery.dispatcher import Dispatcher
 from kiteq.server.events import Events
 from protocol import TxStatus
 from stores import MessageStore
+from stores.entity import MessageEntity
 
 log = structlog.get_logger(__name__)
 
 
 async def apply_decision(
-    store: MessageStore, dispatcher: Dispatcher, events: Events, message_id: str, status: TxStatus
+    store: MessageStore, dispatcher: Dispatcher, events: Events, entity: MessageEntity, status: TxStatus
 ) -> bool:
-    """Commit (and deliver) or roll back; False when the other decision had already won."""
+    """Commit (and deliver) or roll back `entity` as stored; False when the other decision had already won.
+
+    The caller has checked that the decision comes from the message's producer group.
+    """
+    message_id = entity.message_id
     if status is TxStatus.COMMIT:
-        entity = await store.get(message_id)
-        was_committed = entity is not None and entity.commit
         if not await store.commit(message_id):
             log.warning(
                 "tx.conflict",
                 message_id=message_id,
                 decision="commit",
-                detail="message is unknown or was rolled back; commit ignored",
+                detail="message was rolled back; commit ignored",
             )
             return False
-        entity = await store.get(message_id)
-        if entity is None:
+        committed = await store.get(message_id)
+        if committed is None:
             return True
-        if not was_committed:
-            events.emit("committed", entity, groups=dispatcher.target_groups(entity))
-        dispatcher.submit(entity)
+        if not entity.commit:
+            events.emit("committed", committed, groups=dispatcher.target_groups(committed))
+        dispatcher.submit(committed)
         return True
     if status is TxStatus.ROLLBACK:
-        entity = await store.get(message_id)
         if await store.rollback(message_id):
-            if entity is not None:
-                events.emit("rolled_back", entity)
+            events.emit("rolled_back", entity)
             return True
-        if entity is not None and entity.commit:
+        if entity.commit:
             log.warning(
                 "tx.conflict",
                 message_id=message_id,

@@ -107,7 +107,12 @@ async def test_stats_shows_in_flight_backlog_and_dead_letters(tmp_path: Path) ->
         await wait_until(lambda: slow.acked == 5, what="the released group")
 
     assert stats["uptime"] > 0 and stats["started_at"] <= stats["started_at"] + stats["uptime"]
-    assert stats["connections"] == {"total": 3, "by_group": {"slow": 1, "bad": 1, "p": 1}}
+    assert stats["connections"] == {
+        "total": 3,
+        "unauthenticated": 0,
+        "by_group": {"slow": 1, "bad": 1, "p": 1},
+    }
+    assert stats["security"] == {"auth": "open", "tls": False, "refusals": {}, "denied_bindings": []}
     assert stats["registry"]["connected"] is True and stats["registry"]["state"] == "CONNECTED"
     slow_row = stats["groups"]["slow"]
     assert (slow_row["inflight"], slow_row["backlog"]) == (2, 5)

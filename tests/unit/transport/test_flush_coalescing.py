@@ -35,7 +35,7 @@ class RecordingStream(trio.abc.HalfCloseableStream):
 
 async def _send_twice(expect_more: bool, second: bytes = b"second") -> list[tuple[float, bytes]]:
     stream = RecordingStream()
-    framed = FramedStream(stream, 1024, expect_more=lambda: expect_more)
+    framed = FramedStream(stream, expect_more=lambda: expect_more)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(framed.write_loop)
         framed.send(b"a")
