@@ -113,6 +113,10 @@ ANSWERED_BY: dict[Cmd, frozenset[Cmd]] = {
 }
 
 
+# Module constants: reading an enum member off its class costs a descriptor call per frame.
+_CONN_AUTH_ACK, _TX_ACK, _HEARTBEAT = Cmd.CONN_AUTH_ACK, Cmd.TX_ACK, Cmd.HEARTBEAT
+
+
 class SessionError(ProtocolError):
     """The peer broke the conversation; `reply` is the frame owed to it before closing."""
 
@@ -204,6 +208,7 @@ class Session:
         pre_auth_max_bytes: int = DEFAULT_PRE_AUTH_MAX,
     ) -> None:
         self.role = role
+        self._broker = role is Role.BROKER
         self.state = State.AWAITING_META
         self.group = ""
         self.max_frame_bytes = max_frame_bytes
@@ -214,7 +219,7 @@ class Session:
         self._pending: dict[int, tuple[Any, float, Cmd]] = {}  # opaque -> (request, deadline, cmd)
         self._opaques: Iterator[int] = itertools.cycle(range(1, 2**32))
         self._receives = RECEIVES[role]
-        self._answers = ANSWERS[role]
+        self._plain_answers = ANSWERS[role] - {Cmd.TX_ACK}  # a TX_ACK may also be a decision
         self._requests = REQUESTS[role]
         # Requests carrying a message in flight: on the broker, deliveries, which say how
         # loaded this connection is (it picks the least loaded of a group).
@@ -297,11 +302,14 @@ class Session:
         return [Hello(group, meta.secretKey, max(0, meta.warmingupSec))]  # type: ignore[attr-defined]
 
     def _events(self, frames: list[Frame]) -> list[Event]:
+        """The events of frames received while OPEN. The hot path: answers are matched inline."""
         events: list[Event] = []
         append = events.append
+        pending = self._pending
+        receives, answers, broker = self._receives, self._plain_answers, self._broker
         for frame in frames:
             cmd = frame.cmd
-            if cmd not in self._receives:
+            if cmd not in receives:
                 append(Ignored(cmd, f"{cmd.name} is not sent to the {self.role.value}"))
                 continue
             try:
@@ -309,14 +317,23 @@ class Session:
             except ProtocolError as exc:
                 append(self._undecodable(frame, exc))
                 continue
-            if cmd in MESSAGE_CMDS:
-                append(self._message(frame, body) if self.role is Role.BROKER else Request(frame, body))
-            elif cmd is Cmd.TX_ACK:
+            if cmd in answers:
+                entry = pending.get(frame.opaque)
+                if entry is None or entry[2] not in ANSWERED_BY[cmd]:
+                    append(Ignored(cmd, "answers no request in flight (late, or not ours)"))
+                    continue
+                del pending[frame.opaque]
+                if entry[2] in MESSAGE_CMDS:
+                    self.inflight -= 1
+                if cmd is _CONN_AUTH_ACK:
+                    self.state = State.OPEN if body.status else State.CLOSED  # type: ignore[attr-defined]
+                append(Answered(entry[0], body))
+            elif cmd in MESSAGE_CMDS:
+                append(self._message(frame, body) if broker else Request(frame, body))
+            elif cmd is _TX_ACK:
                 append(self._tx_ack(frame, body))
-            elif cmd in self._answers:
-                append(self._answer(frame, body))
-            elif cmd is Cmd.HEARTBEAT:  # the client's ping, echoed under its opaque
-                self.outgoing.append(encode_frame(frame.opaque, Cmd.HEARTBEAT, body))
+            elif cmd is _HEARTBEAT:  # the client's ping, echoed under its opaque
+                self.outgoing.append(encode_frame(frame.opaque, _HEARTBEAT, body))
             else:  # the broker: a ConnMeta once open
                 append(self._hello_again(frame, body))
         return events
@@ -338,14 +355,6 @@ class Session:
             return Request(frame, packet)
         question = self._take(frame.opaque, Cmd.TX_ACK)
         return TxDecision(packet.header.messageId, packet.status, self.group, question)
-
-    def _answer(self, frame: Frame, answer: Any) -> Event:
-        request = self._take(frame.opaque, frame.cmd)
-        if request is None:
-            return Ignored(frame.cmd, "answers no request in flight (late, or not ours)")
-        if frame.cmd is Cmd.CONN_AUTH_ACK:
-            self.state = State.OPEN if answer.status else State.CLOSED
-        return Answered(request, answer)
 
     def _hello_again(self, frame: Frame, meta: Any) -> Event:
         """A ConnMeta on an open connection: confirmed for the same group, never a new identity."""
