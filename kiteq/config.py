@@ -1,7 +1,8 @@
 """Broker configuration: typed dataclasses, loaded from TOML, overridden by flags.
 
-Every key of DESIGN.md's `kiteq.toml` lives here with its default. A bad value stops
-the broker at start with a ConfigError naming the key (`[delivery] retry_base: ...`).
+Every key of `kiteq.toml` (docs/design.md, "Configuration") lives here with its
+default. A bad value stops the broker at start with a ConfigError naming the key
+(`[delivery] retry_base: ...`).
 """
 
 from __future__ import annotations

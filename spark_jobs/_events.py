@@ -13,7 +13,7 @@ from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-# Every event of the delivery-log contract (DESIGN.md, "Delivery log"), by who writes it.
+# Every event of the delivery-log contract (docs/design.md, "Delivery log"), by who writes it.
 PRODUCER_EVENTS = ("sent", "send_failed")
 BROKER_EVENTS = (
     "stored",

@@ -1,6 +1,6 @@
 """The registry interface: where brokers, producers and bindings are found.
 
-Same tree as KiteQ (see DESIGN.md "Registry"):
+Same tree as KiteQ (see docs/design.md "Registry" and docs/registry.md):
   /kiteq/server/{topic}/{host:port}        brokers serving a topic (ephemeral)
   /kiteq/pub/{topic}/{group}/{host:port}   producers (ephemeral)
   /kiteq/sub/{topic}/{group}-bind          a group's bindings for a topic (persistent JSON)

@@ -1,6 +1,6 @@
 """`zk://h1:2181,h2:2181[/chroot][?session_timeout=10]` — the registry in ZooKeeper.
 
-KiteQ's tree, so KiteQ's tooling reads ours (DESIGN.md "Registry"):
+KiteQ's tree, so KiteQ's tooling reads ours (docs/registry.md):
 
     /kiteq/server/{topic}/{host:port}        ephemeral, brokers
     /kiteq/pub/{topic}/{group}/{host:port}   ephemeral, producers

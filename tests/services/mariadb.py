@@ -1,4 +1,4 @@
-"""Real MariaDB master + replica for tests and benchmarks (see reference/infra-notes.md).
+"""Real MariaDB master + replica for tests and benchmarks.
 
 `start_pair()` is the launcher: two fresh `mariadbd` processes under a short /tmp
 directory, GTID replication wired, an application user created. The benchmark

@@ -1,4 +1,4 @@
-"""One real local SparkSession for the whole test session (see reference/infra-notes.md).
+"""One real local SparkSession for the whole test session.
 
 Starting the JVM costs ~6 s and its first job as much again, so every Spark test shares
 this session: `local[2]` for the 2-core machines, few shuffle partitions for test-sized

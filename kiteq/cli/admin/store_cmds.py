@@ -2,7 +2,7 @@
 
 `init` creates a MySQL store's database and tables; running it again changes nothing,
 and it refuses a database made with another shard count. The file tools open the
-directory themselves the directory themselves, so the broker that uses it must be stopped:
+directory themselves, so the broker that uses it must be stopped:
 while one holds the store's lock they fail with StoreLocked (exit code 2). They
 change nothing on disk — a torn tail is reported, not truncated — and a URI with
 `?repair=true` lets stats and dump read past damage that would stop a broker.
