@@ -98,8 +98,14 @@ def _lines(spark: SparkSession, messages: int) -> DataFrame:
     kind = n % 1000
     base_us = F.lit(START_US) + n * STEP_US
 
-    def event(name: str, offset_us: int, group: str | None = None, **extra: object) -> Column:
-        groups = extra.get("groups")
+    def event(
+        name: str,
+        offset_us: int,
+        group: str | None = None,
+        *,
+        groups: list[str] | None = None,
+        **extra: object,
+    ) -> Column:
         fields = {
             "event": F.lit(name),
             "us": base_us + offset_us,

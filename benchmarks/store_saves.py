@@ -98,7 +98,7 @@ def measure_saves(store: str, mode: str | None, concurrency: int, quick: bool) -
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="kiteq-bench-") as tmp:
             uri = "memory://" if store == "memory" else f"file://{tmp}/store"
-            options = {} if mode is None else {"fsync": mode}
+            options: dict[str, object] = {} if mode is None else {"fsync": mode}
             rate, latencies = trio.run(_save_all, uri, options, concurrency, count)
         rates.append(rate)
         p50s.append(percentile(latencies, 50) * 1000)

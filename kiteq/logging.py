@@ -6,6 +6,7 @@ import logging
 import sys
 
 import structlog
+from structlog.typing import EventDict, WrappedLogger
 
 # The longest value a log line carries. Client-supplied names are quoted and cut to 128
 # characters where they are logged (`protocol.session.quote`); this is the backstop, so
@@ -13,7 +14,7 @@ import structlog
 MAX_VALUE_CHARS = 1024
 
 
-def _clip_long_values(_logger: object, _method: str, event: dict[str, object]) -> dict[str, object]:
+def _clip_long_values(_logger: WrappedLogger, _method: str, event: EventDict) -> EventDict:
     for key, value in event.items():
         if isinstance(value, str) and len(value) > MAX_VALUE_CHARS and key != "exception":
             event[key] = f"{value[:MAX_VALUE_CHARS]}... ({len(value)} characters)"

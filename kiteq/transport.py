@@ -100,7 +100,7 @@ class FramedStream:
         self._closed = True
         self._wakeup.set()
 
-    async def read_loop(self, on_data: Callable[[bytes], Awaitable[None]]) -> None:
+    async def read_loop(self, on_data: Callable[[bytes | bytearray], Awaitable[None]]) -> None:
         """Hand every read to `on_data` (at most `read_size` bytes, read anew each time).
 
         Returns at EOF or when the peer resets; whatever `on_data` raises ends it.

@@ -69,7 +69,7 @@ def decode_body(frame: Frame) -> ProtobufMessage:
         ) from None
     if not message.IsInitialized():
         # KiteQ's Go peers reject a message with an unset required field; so do we.
-        missing = ", ".join(message.FindInitializationErrors())
+        missing = ", ".join(message.FindInitializationErrors())  # type: ignore[attr-defined]  # missing from types-protobuf
         raise ProtocolError(
             f"{frame.cmd.name} body lacks required fields: {missing}",
             opaque=frame.opaque,
@@ -102,7 +102,7 @@ class FrameDecoder:
         """Bytes received that do not yet form a complete frame."""
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[Frame]:
+    def feed(self, data: bytes | bytearray) -> list[Frame]:
         """Add `data` and return every frame now complete, in order."""
         if self._error is not None:
             raise self._error

@@ -243,7 +243,7 @@ class Session:
 
     # -- receiving ------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
+    def receive_data(self, data: bytes | bytearray) -> list[Event]:
         """Every event the bytes received so far make, in order (h11's receive_data + next_event).
 
         Raises SessionError (the session is CLOSED) when the peer broke the protocol.

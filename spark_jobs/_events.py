@@ -82,12 +82,18 @@ class LineCounts:
         self._observation = Observation("kiteq-reconcile-input")
         self.observed = frame.observe(self._observation, *self._metrics)
 
-    def collect(self, observed: bool = True) -> dict[str, int | None]:
-        """The counts: from the observation if an action ran through `observed` and kept it."""
+    def collect(self, observed: bool = True) -> tuple[dict[str, int], int | None]:
+        """The counts by name, and `newest_us` (None when no line gave an event).
+
+        From the observation if an action ran through `observed` and kept it.
+        """
         if observed:
-            return self._observation.get
-        row = self._frame.agg(*self._metrics).first()
-        return row.asDict() if row is not None else {}
+            metrics = self._observation.get
+        else:
+            row = self._frame.agg(*self._metrics).first()
+            metrics = row.asDict() if row is not None else {}
+        newest_us = metrics.pop("newest_us")
+        return metrics, newest_us
 
 
 def parse_lines(lines: DataFrame) -> tuple[DataFrame, LineCounts]:

@@ -102,16 +102,15 @@ def start_reconciliation(
     try:
         totals = pairs.agg(F.count_if("first_row_of_message").alias("messages")).first()
         messages = totals["messages"] if totals else 0
-        metrics = line_counts.collect(observed=messages > 0)
+        counts, newest_us = line_counts.collect(observed=messages > 0)
     except BaseException:
         pairs.unpersist()
         raise
-    newest_us = metrics["newest_us"]
     stats = InputStats(
-        lines=metrics["lines"],
-        events=sum(metrics[f"event_{e}"] for e in KNOWN_EVENTS),
-        problems={kind: metrics[kind] for kind in PROBLEMS},
-        by_event={e: metrics[f"event_{e}"] for e in KNOWN_EVENTS},
+        lines=counts["lines"],
+        events=sum(counts[f"event_{e}"] for e in KNOWN_EVENTS),
+        problems={kind: counts[kind] for kind in PROBLEMS},
+        by_event={e: counts[f"event_{e}"] for e in KNOWN_EVENTS},
         newest_ts=_from_micros(newest_us),
     )
     return Reconciliation(

@@ -17,16 +17,16 @@ Contract (checked by tests/contract/, which every store passes unchanged):
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Self, TypeVar
+from typing import TypeVar
 
 import trio
 
 from stores.entity import MessageEntity
 from stores.errors import StoreError
+from stores.resource import AsyncResource
 
 Cursor = str
 T = TypeVar("T")
@@ -53,20 +53,11 @@ class StoreStats:
     details: dict[str, object] = field(default_factory=dict)
 
 
-class MessageStore(ABC):
+class MessageStore(AsyncResource):
     """Where the broker keeps every message until all its groups acked it."""
 
     uri: str = ""
     durable: bool = True
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     @abstractmethod
     async def start(self) -> None:

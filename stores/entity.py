@@ -81,7 +81,7 @@ def entity_from_wire(kind: Cmd, message: pb.BytesMessage | pb.StringMessage) -> 
     matching of 13 arguments costs as much as reading the header.
     """
     header = message.header
-    body = message.body.encode("utf-8") if kind is STRING else message.body
+    body = message.body.encode("utf-8") if isinstance(message, pb.StringMessage) else message.body
     properties = header.properties
     return MessageEntity(
         header.messageId,

@@ -233,7 +233,7 @@ class ClientConnection:
             raise ConnectionClosed(f"connection to {self.address} is closed")
         self.framed.send(self.session.send(opaque, cmd, message))
 
-    async def _on_data(self, data: bytes) -> None:
+    async def _on_data(self, data: bytes | bytearray) -> None:
         for event in self.session.receive_data(data):
             if type(event) is Answered:
                 event.request.finish(event.answer)

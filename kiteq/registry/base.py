@@ -14,30 +14,22 @@ callers keep working on the last value they received.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Iterable
-from types import TracebackType
-from typing import Self
 
 import trio
 
 from kiteq.registry.bindings import Binding
+from stores.resource import AsyncResource
 
 BindingsCallback = Callable[[list[Binding]], None]
 ServersCallback = Callable[[list[str]], None]
 
 
-class Registry(ABC):
+class Registry(AsyncResource):
+    """Where brokers, producers and bindings are found; `async with` starts and closes it."""
+
     uri: str = ""
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     @property
     @abstractmethod
@@ -45,7 +37,8 @@ class Registry(ABC):
         """Whether the backend is reachable right now."""
 
     @abstractmethod
-    async def start(self) -> None: ...
+    async def start(self) -> None:
+        """Connect to the backend; raise RegistryError if it cannot be reached."""
 
     @abstractmethod
     async def close(self) -> None:

@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from protocol import BindType
 from protocol.errors import KiteQError
@@ -136,14 +137,14 @@ class Binding:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, object]) -> Binding:
+    def from_json(cls, data: dict[str, Any]) -> Binding:
         try:
             return cls(
                 group=str(data["groupId"]),
                 topic=str(data["topic"]),
                 message_type=str(data.get("messageType", "")),
-                bind_type=BindType(int(data.get("bindType", 0))),  # type: ignore[arg-type]
-                watermark=int(data.get("watermark") or DEFAULT_WATERMARK),  # type: ignore[arg-type]
+                bind_type=BindType(int(data.get("bindType", 0))),
+                watermark=int(data.get("watermark") or DEFAULT_WATERMARK),
                 persistent=bool(data.get("persistent", True)),
                 version=str(data.get("version", BINDING_VERSION)),
             )

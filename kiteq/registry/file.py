@@ -228,7 +228,7 @@ class FileRegistry(Registry):
 
 
 def _bindings_of(tree: Tree, topic: str | None, group: str | None) -> list[Binding]:
-    found = []
+    found: list[Binding] = []
     for t, groups in sorted(tree["bindings"].items()):
         if topic is not None and t != topic:
             continue

@@ -1,21 +1,22 @@
-"""The broker: one nursery tree that owns every task.
+"""The broker: one nursery tree that owns every task, and the wiring of its parts.
 
     Broker.run
     ├── dispatcher (lane pumps, completion recorder)
-    ├── registry watch (bindings -> router, lanes, served topics)
-    ├── recover loop, tx back-scan, pending-request expiry, delivery-log flusher
+    ├── registry watch (bindings -> ACL -> router, lanes, served topics)
+    ├── recover loop, tx back-scan, pending-request expiry, refusal summaries,
+    │   delivery-log flusher, adoption of dead brokers' rows (shared stores)
     ├── admin HTTP endpoint
     └── TCP listener -> one BrokerConnection per client (reader, writer, request tasks)
 
-Handlers that touch the store (`produce`, `decide`) are methods here so the path
-of a message reads top to bottom: validate -> save -> ack -> dispatch.
+What a request does is in `handlers.py`; who may connect in `auth.py` and
+`admission.py`; what a connection may send in `protocol/session.py`. Parts are
+given their collaborators and hooks when they are built, in `__init__`.
 """
 
 from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -26,48 +27,52 @@ from kiteq.delivery_log import DeliveryLog
 from kiteq.registry import Registry, open_registry
 from kiteq.registry.bindings import Binding
 from kiteq.server.acl import Acl
+from kiteq.server.admin.app import AdminApp
+from kiteq.server.admin.dlq import DeadLetters
+from kiteq.server.admin.serve import serve_admin
 from kiteq.server.admission import Admission
 from kiteq.server.adoption import AdoptLoop
 from kiteq.server.auth import Authenticator
+from kiteq.server.clock import WallClock, system_clock
 from kiteq.server.connection import BrokerConnection
 from kiteq.server.delivery.dispatcher import Dispatcher
-from kiteq.server.delivery.recover import RecoverLoop
+from kiteq.server.delivery.recover import RecoverLoop, RecoverSignal
 from kiteq.server.events import Events
 from kiteq.server.groups import GroupTable
+from kiteq.server.handlers import Handlers
 from kiteq.server.refusals import RefusalLog
 from kiteq.server.routing import Router
-from kiteq.server.tx.backscan import TxBackscan, decision_of
-from kiteq.server.tx.decisions import apply_decision
-from kiteq.server.validate import InvalidMessage, validate_message
+from kiteq.server.stats import group_and_topic_rows
+from kiteq.server.tx.backscan import TxBackscan
 from kiteq.tls import server_context
-from protocol import TxStatus
-from protocol.session import Hello, MessageReceived, TxDecision, quote
-from stores import MessageStore, SharedStore, StoreError, entity_from_wire, open_store
-from stores.entity import MessageEntity
+from protocol.session import Hello, quote
+from stores import MessageStore, SharedStore, open_store
 
 log = structlog.get_logger(__name__)
 
-STORE_TIMEOUT = 10.0
-IN_FLIGHT_LEASE_FACTOR = 2.0
 EXPIRY_TICK = 0.1
 SHUTDOWN_GRACE = 10.0
 ACCEPT_RETRY = 0.1
-# From this many messages in one save, their acks are sent before they are dispatched.
-ACKS_FIRST = 16
-STORED = "Store Result true"
-STORED_BEFORE = "Store Result true (duplicate, stored once)"
 
 
 class Broker:
+    handlers: Handlers  # made once the listening address is known (messages record it)
+
     def __init__(
-        self, config: BrokerConfig, *, store: MessageStore | None = None, registry: Registry | None = None
+        self,
+        config: BrokerConfig,
+        *,
+        store: MessageStore | None = None,
+        registry: Registry | None = None,
+        clock: WallClock = system_clock,
     ) -> None:
         self.config = config
+        self.clock = clock
         self.store = store or open_store(config.server.store)
         self.registry = registry or open_registry(config.server.registry)
         self.address = config.server.bind
-        self.tls = server_context(config.tls)
         self.admin_address = ""
+        self.tls = server_context(config.tls)
         delivery_log = (
             DeliveryLog(config.server.delivery_log, "broker", max_bytes=config.server.delivery_log_max_bytes)
             if config.server.delivery_log
@@ -76,23 +81,32 @@ class Broker:
         self.events = Events(delivery_log)
         self.router = Router()
         self.groups = GroupTable()
-        self.dispatcher = Dispatcher(self.store, self.router, self.groups, config.delivery, self.events)
-        self.recover = RecoverLoop(self.store, self.dispatcher, config.delivery)
-        self.dispatcher.on_capacity = self.recover.wake
-        self.dispatcher.on_retry = self.recover.retry_at
-        self.backscan = TxBackscan(self.store, self.groups, config.tx, self.events)
-        self.connections: set[BrokerConnection] = set()
-        self.started_at = time.time()
-        self.served_topics: tuple[str, ...] = ()
-        self._registering = trio.Lock()
+        self.refusals = RefusalLog()
+        self.acl = Acl(config.acl)
+        self.denied_bindings: list[Binding] = []
+        self.authenticator = Authenticator(config.auth)
         server = config.server
         self.admission = Admission(
             server.max_connections, server.max_unauthenticated, server.max_unauthenticated_per_address
         )
-        self.authenticator = Authenticator(config.auth)
-        self.acl = Acl(config.acl)
-        self.denied_bindings: list[Binding] = []
-        self.refusals = RefusalLog()
+        self.recover_signal = RecoverSignal(clock)
+        self.dispatcher = Dispatcher(
+            self.store,
+            self.router,
+            self.groups,
+            config.delivery,
+            self.events,
+            clock=clock,
+            on_capacity=self.recover_signal.wake,
+            on_retry=self.recover_signal.retry_at,
+        )
+        self.recover = RecoverLoop(self.store, self.dispatcher, config.delivery, self.recover_signal)
+        self.backscan = TxBackscan(self.store, self.groups, config.tx, self.events, clock=clock)
+        self.dead_letters = DeadLetters(self.store, self.dispatcher, self.events)
+        self.connections: set[BrokerConnection] = set()
+        self.started_at = time.time()
+        self.served_topics: tuple[str, ...] = ()
+        self._registering = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self._stop_requested = trio.Event()
         self._accepting = trio.CancelScope()
@@ -118,6 +132,15 @@ class Broker:
             )
         listeners = await trio.open_tcp_listeners(int(port), host=host)
         self.address = f"{host}:{listeners[0].socket.getsockname()[1]}"
+        self.handlers = Handlers(
+            self.store,
+            self.dispatcher,
+            self.events,
+            self.acl,
+            self.refusals,
+            address=self.address,
+            clock=self.clock,
+        )
         try:
             await self._serve(listeners, task_status)
         finally:
@@ -143,7 +166,7 @@ class Broker:
             nursery.start_soon(self.refusals.run)
             if isinstance(self.store, SharedStore):
                 adoption = AdoptLoop(
-                    self.store, self.registry, self.config.server.adopt_after, self.recover.wake
+                    self.store, self.registry, self.config.server.adopt_after, self.recover_signal.wake
                 )
                 nursery.start_soon(adoption.run)
             if self.events.delivery_log is not None:
@@ -185,11 +208,11 @@ class Broker:
                 self._nursery.start_soon(self._accept, stream)
 
     async def _start_admin(self, nursery: trio.Nursery) -> None:
-        if not self.config.server.admin_bind:
+        server = self.config.server
+        if not server.admin_bind:
             return
-        from kiteq.server.admin import serve_admin
-
-        bound = await nursery.start(serve_admin, self)
+        app = AdminApp(self, server.admin_token)
+        bound = await nursery.start(serve_admin, app, server.admin_bind, self.config.tls)
         self.admin_address = bound[0].removeprefix("http://") if bound else self.config.server.admin_bind
 
     async def _register(self) -> None:
@@ -222,7 +245,7 @@ class Broker:
             self.denied_bindings = denied
         self.router.update(bindings)
         self.dispatcher.sync_lanes(bindings)
-        self.recover.wake()
+        self.recover_signal.wake()
         if self._nursery is not None:
             self._nursery.start_soon(self._register)
         log.info("broker.bindings", count=len(bindings), topics=self.router.topics)
@@ -235,8 +258,8 @@ class Broker:
             peer = f"{peer_host}:{peer_port}"
         except OSError:
             peer = "?"
-        connection = BrokerConnection(self, stream, peer)
-        evicted = self.admission.admit(connection, connection.host)
+        connection = BrokerConnection(self, self.config.server, stream, peer)
+        evicted = self.admission.admit(connection, connection.address)
         if evicted is None:
             self.refusals.refused("connection.refused", conn=peer, reason="max_connections reached")
             await trio.aclose_forcefully(stream)
@@ -258,7 +281,7 @@ class Broker:
 
     def authenticate(self, connection: BrokerConnection, hello: Hello) -> str:
         """'' if the connection may act as `hello.group`, else the reason sent back (never the secret)."""
-        refusal = self.authenticator.check(hello.group, hello.secret, connection.host, time.monotonic())
+        refusal = self.authenticator.check(hello.group, hello.secret, connection.address, time.monotonic())
         if refusal is None:
             return ""
         self.refusals.refused(
@@ -269,10 +292,11 @@ class Broker:
         )
         return refusal.reason
 
-    def connection_authenticated(self, connection: BrokerConnection) -> None:
+    def authenticated(self, connection: BrokerConnection) -> None:
         self.admission.authenticated(connection)
         self.groups.add(connection)
-        self.recover.wake()
+        self.recover_signal.wake()
+        self.backscan.producer_connected(connection.group)
 
     async def _expire_requests(self) -> None:
         while True:
@@ -281,152 +305,16 @@ class Broker:
             for connection in list(self.connections):
                 connection.expire(now)
 
-    # -- handlers -----------------------------------------------------------------------------
-
-    async def produce(self, connection: BrokerConnection, requests: Sequence[MessageReceived]) -> None:
-        """Validate, store, ack, then dispatch the messages of one read.
-
-        They are saved together (one fsync, one INSERT), and each is acked only once the
-        store has it. Acks go out before dispatch: with a window of sends in flight, how
-        fast a producer's next messages arrive depends on how soon its acks leave.
-        """
-        now = time.time()
-        lease = now + IN_FLIGHT_LEASE_FACTOR * self.config.delivery.deliver_timeout
-        pending: list[tuple[int, MessageEntity, bytes]] = []
-        acl = self.acl if self.acl.restricts else None
-        for opaque, cmd, message, sent in requests:
-            entity = entity_from_wire(cmd, message)
-            try:
-                validate_message(entity, now)
-                if acl is not None and not acl.may_publish(connection.group, entity.topic):
-                    raise InvalidMessage(
-                        f"group {quote(connection.group)} may not publish to topic {quote(entity.topic)} ([acl] publish)"
-                    )
-            except InvalidMessage as exc:
-                connection.store_ack(opaque, entity.message_id, False, str(exc))
-                continue
-            entity.created_at = now
-            entity.next_deliver_at = lease
-            entity.broker = self.address
-            if entity.fly:
-                connection.store_ack(opaque, entity.message_id, True, "FLY NO NEED SAVE")
-                self.dispatcher.submit(entity, sent)
-                continue
-            pending.append((opaque, entity, sent))
-        if not pending:
-            return
-        entities = [entity for _, entity, _ in pending]
-        # Leased to the delivery about to start: the recover loop must not page a message
-        # that is on its way. Every outcome (ack, retry, deferral) rewrites this time; only
-        # a crash leaves it, and then the lease's end is when recovery delivers it again.
-        # Under a backlog (a lane it routes to is full) it is stored due now instead and
-        # left to the recover loop, which saves rewriting the deferral right after.
-        deliver_now = self.dispatcher.admit(entities)
-        for entity, now_or_later in zip(entities, deliver_now, strict=True):
-            entity.next_deliver_at = lease if now_or_later else now
-        try:
-            started = time.perf_counter()
-            with trio.fail_after(STORE_TIMEOUT):
-                saved = await self.store.save_many(entities)
-            store_ms = round((time.perf_counter() - started) * 1000, 3)
-        except (StoreError, trio.TooSlowError) as exc:
-            log.warning("message.store_failed", conn=connection.peer, messages=len(entities), error=str(exc))
-            feedback = f"Store Result false: {exc or 'store timed out'}; resend the message"
-            for opaque, entity, _ in pending:
-                connection.store_ack(opaque, entity.message_id, False, feedback)
-            return
-        for (opaque, entity, _), stored in zip(pending, saved, strict=True):
-            connection.store_ack(opaque, entity.message_id, True, STORED if stored else STORED_BEFORE)
-        if len(pending) >= ACKS_FIRST:
-            # The producer's next sends wait on these acks: let them leave before the dispatch
-            # work below (and whatever else is runnable) delays them by milliseconds. Not a
-            # cancellation point: these messages are stored, so they are dispatched too.
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        for (_, entity, sent), stored, now_or_later in zip(pending, saved, deliver_now, strict=True):
-            if not stored:
-                continue
-            groups = self.dispatcher.target_groups(entity) if self.events.recorded else None
-            self.events.emit("stored", entity, commit=entity.commit, groups=groups, store_ms=store_ms)
-            if entity.commit and now_or_later:
-                self.dispatcher.submit(entity, sent)
-
-    async def decide(self, connection: BrokerConnection, decision: TxDecision) -> None:
-        """Apply a producer's commit or rollback, if the message is of its own group."""
-        status = decision_of(decision.status)
-        if status is TxStatus.UNKNOWN:
-            return
-        entity: MessageEntity | None = None
-        try:
-            entity = await self.store.get(decision.message_id)
-            if entity is None:
-                self.refusals.refused(
-                    "tx.unknown_message", conn=connection.peer, message_id=quote(decision.message_id)
-                )
-                return
-            if entity.producer_group != decision.group:
-                self.refusals.refused(
-                    "tx.wrong_group",
-                    conn=connection.peer,
-                    group=quote(decision.group),
-                    producer_group=quote(entity.producer_group),
-                    message_id=entity.message_id,
-                    decision=status.name.lower(),
-                    detail="only a connection of the message's producer group may decide it",
-                )
-                return
-            await apply_decision(self.store, self.dispatcher, self.events, entity, status)
-        except StoreError as exc:
-            log.warning(
-                "tx.decision_failed",
-                conn=connection.peer,
-                message_id=entity.message_id if entity else quote(decision.message_id),
-                error=str(exc),
-                detail="the back-scan will ask again",
-            )
-
     # -- introspection ------------------------------------------------------------------------
 
-    async def stats(self) -> dict[str, object]:
-        """A JSON snapshot for /stats, /metrics, `kiteq-admin stats|top` and the dashboard.
-
-        Backlog is the store's committed, unfinished messages per topic; a group's backlog
-        is that of the topics it is bound to (a message counts until every group has it).
-        Event counts are cumulative: readers derive rates from two snapshots.
-        """
+    async def stats(self) -> dict[str, Any]:
+        """A JSON snapshot for /stats, /metrics, `kiteq-admin stats|top` and the dashboard."""
         store_stats = await self.store.stats()
-        backlog = store_stats.backlog_by_topic
-        connections = self.groups.groups()
         lanes = self.dispatcher.lane_stats()
-        groups: dict[str, dict[str, Any]] = {}
-        topics: dict[str, dict[str, Any]] = {}
-
-        def group_row(group: str) -> dict[str, Any]:
-            empty = {"connections": connections.get(group, 0), "inflight": 0, "queued": 0, "backlog": 0}
-            return groups.setdefault(group, {**empty, "topics": [], "events": {}})
-
-        def topic_row(topic: str) -> dict[str, Any]:
-            return topics.setdefault(topic, {"backlog": backlog.get(topic, 0), "inflight": 0, "events": {}})
-
-        for group in connections:
-            group_row(group)
-        for topic in backlog:
-            topic_row(topic)
-        for lane in lanes:
-            row, topic = group_row(str(lane["group"])), str(lane["topic"])
-            row["inflight"] += lane["inflight"]
-            row["queued"] += lane["queued"]
-            topic_row(topic)["inflight"] += lane["inflight"]
-            if topic not in row["topics"]:
-                row["topics"].append(topic)
-                row["backlog"] += backlog.get(topic, 0)
-        totals: dict[str, int] = {}
-        for (event, topic, group), n in self.events.counts.items():
-            totals[event] = totals.get(event, 0) + n
-            by_topic = topic_row(topic)["events"]
-            by_topic[event] = by_topic.get(event, 0) + n
-            if group:
-                by_group = group_row(group)["events"]
-                by_group[event] = by_group.get(event, 0) + n
+        connections = self.groups.groups()
+        groups, topics, totals = group_and_topic_rows(
+            store_stats.backlog_by_topic, connections, lanes, self.events.counts
+        )
         return {
             "address": self.address,
             "started_at": self.started_at,
@@ -450,10 +338,14 @@ class Broker:
                 "connected": self.registry.connected,
                 "state": getattr(self.registry, "state", "CONNECTED" if self.registry.connected else "LOST"),
             },
-            "groups": dict(sorted(groups.items())),
-            "topics": dict(sorted(topics.items())),
+            "groups": groups,
+            "topics": topics,
             "lanes": lanes,
             "rounds_in_flight": len(self.dispatcher.rounds),
+            "tx": {
+                "questions_in_flight": dict(self.backscan.inflight),
+                "waiting_for_producer": dict(self.backscan.waiting),
+            },
             "dead_letters": {"total": store_stats.dead, "by_reason": store_stats.dead_by_reason},
             "store": {
                 "kind": store_stats.kind,
@@ -461,7 +353,7 @@ class Broker:
                 "uncommitted": store_stats.uncommitted,
                 "dead": store_stats.dead,
                 "dead_by_reason": store_stats.dead_by_reason,
-                "backlog_by_topic": backlog,
+                "backlog_by_topic": store_stats.backlog_by_topic,
                 "details": store_stats.details,
             },
             "events": totals,

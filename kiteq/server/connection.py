@@ -15,16 +15,22 @@ and the broker may evict it for a newcomer (see `admission.py`).
 
 from __future__ import annotations
 
-import time
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import structlog
 import trio
 
 from kiteq.budget import Budget
+from kiteq.config import ServerConfig
 from kiteq.errors import TLSError
+from kiteq.server.clock import WallClock
 from kiteq.server.delivery.lanes import Delivery
+from kiteq.server.handlers import Handlers
+from kiteq.server.refusals import RefusalLog
+from kiteq.server.tx.checks import TxCheck
+from kiteq.server.tx.decisions import decision_of
 from kiteq.tls import accept_stream
 from kiteq.transport import READ_SIZE, FramedStream, OutboxOverflow
 from protocol import HEADER_SIZE, Cmd, TxStatus, pb
@@ -42,10 +48,6 @@ from protocol.session import (
     quote,
 )
 
-if TYPE_CHECKING:
-    from kiteq.server.broker import Broker
-    from kiteq.server.tx.backscan import TxCheck
-
 log = structlog.get_logger(__name__)
 
 IDLE_DEADLINE_STEP = 0.1  # of idle_timeout; see BrokerConnection._still_active
@@ -54,8 +56,19 @@ IDLE_DEADLINE_STEP = 0.1  # of idle_timeout; see BrokerConnection._still_active
 READ_BURST = 128
 
 
-class Pending(Protocol):
-    def resolve(self, ok: bool, reason: str = "") -> None: ...
+class Host(Protocol):
+    """What a connection needs of the broker that accepted it."""
+
+    tls: ssl.SSLContext | None
+    refusals: RefusalLog
+    handlers: Handlers
+    clock: WallClock
+
+    def authenticate(self, connection: BrokerConnection, hello: Hello) -> str:
+        """'' when the connection may act as `hello.group`, else the reason to send back."""
+
+    def authenticated(self, connection: BrokerConnection) -> None:
+        """It proved its group: it may now be delivered to and asked."""
 
 
 class Refused(Exception):
@@ -63,11 +76,11 @@ class Refused(Exception):
 
 
 class BrokerConnection:
-    def __init__(self, broker: Broker, stream: trio.SocketStream, peer: str) -> None:
-        config = broker.config.server
-        self.broker = broker
+    def __init__(self, host: Host, config: ServerConfig, stream: trio.SocketStream, peer: str) -> None:
+        self.host = host
+        self.config = config
         self.peer = peer
-        self.host = peer.rpartition(":")[0]
+        self.address = peer.rpartition(":")[0]  # the client's, without the port
         self.session = Session(
             Role.BROKER, max_frame_bytes=config.max_frame_bytes, pre_auth_max_bytes=config.pre_auth_max_bytes
         )
@@ -125,9 +138,9 @@ class BrokerConnection:
 
     async def _serve(self) -> None:
         try:
-            self.framed.stream = await accept_stream(self._tcp, self.broker.tls)
+            self.framed.stream = await accept_stream(self._tcp, self.host.tls)
         except TLSError as exc:
-            self.broker.refusals.refused("connection.tls_failed", conn=self.peer, error=str(exc)[:200])
+            self.host.refusals.refused("connection.tls_failed", conn=self.peer, error=str(exc)[:200])
             return
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
@@ -138,11 +151,11 @@ class BrokerConnection:
                 if exc.reply:
                     self._send(exc.reply)
                 if self.authenticated:
-                    self.broker.refusals.refused(
+                    self.host.refusals.refused(
                         "connection.protocol_error", conn=self.peer, group=self.group, error=str(exc)
                     )
                 else:
-                    self.broker.refusals.refused(
+                    self.host.refusals.refused(
                         "connection.refused_before_auth", conn=self.peer, error=str(exc)
                     )
             except (Refused, OutboxOverflow) as exc:
@@ -152,9 +165,7 @@ class BrokerConnection:
 
     def evict(self) -> None:
         """Close this unauthenticated connection to make room for a newcomer."""
-        self.broker.refusals.refused(
-            "connection.evicted", conn=self.peer, reason="room for a newer connection"
-        )
+        self.host.refusals.refused("connection.evicted", conn=self.peer, reason="room for a newer connection")
         self._evicted.cancel()
 
     # -- requests we send ---------------------------------------------------------------
@@ -164,7 +175,7 @@ class BrokerConnection:
         delivery.opaque, frame = self.session.request(
             round_.cmd, round_.body, delivery, trio.current_time() + timeout
         )
-        delivery.sent_at = time.time()
+        delivery.sent_at = self.host.clock()
         self._send(frame)
 
     def ask(self, check: TxCheck, timeout: float) -> None:
@@ -201,7 +212,7 @@ class BrokerConnection:
 
     # -- what we receive ----------------------------------------------------------------
 
-    async def _on_data(self, data: bytes) -> None:
+    async def _on_data(self, data: bytes | bytearray) -> None:
         self._still_active()
         events = self.session.receive_data(data)
         self._send_outgoing()
@@ -214,58 +225,48 @@ class BrokerConnection:
         for handled, event in enumerate(events, 1):
             if handled % READ_BURST == 0:
                 await trio.lowlevel.checkpoint()
-            kind = type(event)
-            if kind is MessageReceived:
-                messages.append(event)  # type: ignore[arg-type]
+            if isinstance(event, MessageReceived):
+                messages.append(event)
                 continue
             if messages:  # stored before what follows them (a commit of one of them, say)
                 await self._store(messages)
                 messages = []
-            if kind is Answered:
-                answer = event.answer  # type: ignore[union-attr]
-                event.request.resolve(answer.status, "" if answer.status else (answer.feedback or "nack"))  # type: ignore[union-attr]
-            elif kind is TxDecision:
-                await self._on_decision(event)  # type: ignore[arg-type]
-            elif kind is Hello:
-                await self._authenticate(event)  # type: ignore[arg-type]
-            elif kind is MessageRefused:
-                self.broker.refusals.refused(
-                    "message.wrong_group",
-                    conn=self.peer,
-                    group=self.group,
-                    reason=event.reason,  # type: ignore[union-attr]
+            if isinstance(event, Answered):
+                answer = event.answer
+                event.request.resolve(answer.status, "" if answer.status else (answer.feedback or "nack"))
+            elif isinstance(event, TxDecision):
+                await self._on_decision(event)
+            elif isinstance(event, Hello):
+                await self._authenticate(event)
+            elif isinstance(event, MessageRefused):
+                self.host.refusals.refused(
+                    "message.wrong_group", conn=self.peer, group=self.group, reason=event.reason
                 )
-            elif kind is Ignored:
-                self.broker.refusals.refused(
-                    "connection.ignored_frame",
-                    conn=self.peer,
-                    cmd=event.cmd.name,
-                    reason=event.reason[:200],  # type: ignore[union-attr]
+            elif isinstance(event, Ignored):
+                self.host.refusals.refused(
+                    "connection.ignored_frame", conn=self.peer, cmd=event.cmd.name, reason=event.reason[:200]
                 )
         if messages:
             await self._store(messages)
 
     async def _on_decision(self, decision: TxDecision) -> None:
         if decision.question is not None:
-            status = decision.status
-            decision.question.resolve(
-                True, TxStatus(status).name.lower() if status in (0, 1, 2) else "unknown"
-            )
-        await self._spawn(1, self.broker.decide, self, decision)
+            decision.question.resolve(True, decision_of(decision.status).name.lower())
+        await self._spawn(1, self.host.handlers.decide, self, decision)
 
     async def _authenticate(self, hello: Hello) -> None:
-        refusal = self.broker.authenticate(self, hello)
+        refusal = self.host.authenticate(self, hello)
         if refusal:
             self._send(self.session.refuse(refusal))
             raise Refused(f"authentication refused for group {quote(hello.group)}")
         held = self.session.accept()
         self.warmup_seconds = float(hello.warmup_seconds)
-        self.authenticated_at = time.time()
+        self.authenticated_at = self.host.clock()
         self.framed.read_size = READ_SIZE
         self.log = self.log.bind(group=self.group)
-        self._idle_scope.deadline = trio.current_time() + self.broker.config.server.idle_timeout
+        self._idle_scope.deadline = trio.current_time() + self.config.idle_timeout
         self._send_outgoing()
-        self.broker.connection_authenticated(self)
+        self.host.authenticated(self)
         self.log.info("connection.authenticated", warmup=self.warmup_seconds)
         if held:
             await self._handle(held)
@@ -280,7 +281,7 @@ class BrokerConnection:
         """
         if not self.authenticated:
             return
-        timeout = self.broker.config.server.idle_timeout
+        timeout = self.config.idle_timeout
         deadline = trio.current_time() + timeout
         if deadline - self._idle_scope.deadline >= IDLE_DEADLINE_STEP * timeout:
             self._idle_scope.deadline = deadline
@@ -290,7 +291,7 @@ class BrokerConnection:
         chunk = max(1, self._handling.limit)
         for start in range(0, len(messages), chunk):
             part = messages[start : start + chunk]
-            await self._spawn(len(part), self.broker.produce, self, part)
+            await self._spawn(len(part), self.host.handlers.produce, self, part)
 
     async def _spawn(self, weight: int, handler: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run a handler that waits (on the store) in a task, so the reader goes on reading.

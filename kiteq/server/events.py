@@ -37,8 +37,8 @@ class Events:
         return self.delivery_log is not None or self.debug
 
     def emit(self, event: str, entity: MessageEntity, **fields: object) -> None:
-        key = (event, entity.topic, fields.get("group", ""))
-        self.counts[key] = self.counts.get(key, 0) + 1  # type: ignore[index]
+        key = (event, entity.topic, str(fields.get("group", "")))
+        self.counts[key] = self.counts.get(key, 0) + 1
         if self.delivery_log is not None:
             self.delivery_log.emit(event, entity, **fields)
         if self.observers:

@@ -1,4 +1,4 @@
-"""The live consumer connections of each group, and which one gets the next delivery."""
+"""The live connections of each group, and which one gets the next delivery or question."""
 
 from __future__ import annotations
 
@@ -6,18 +6,34 @@ import random
 from collections import defaultdict
 from typing import Protocol
 
+from kiteq.server.delivery.lanes import Delivery
+from kiteq.server.tx.checks import TxCheck
+
 # A warming-up connection starts at this share of a full one, so it still sees some traffic.
 WARMUP_FLOOR = 0.1
 
 
 class Peer(Protocol):
-    group: str
-    inflight: int
+    """What delivery and the back-scan need of a client connection."""
+
     warmup_seconds: float
     authenticated_at: float
 
     @property
+    def group(self) -> str: ...
+
+    @property
+    def inflight(self) -> int:
+        """Deliveries sent to it and not answered yet."""
+
+    @property
     def alive(self) -> bool: ...
+
+    def deliver(self, delivery: Delivery, timeout: float) -> None:
+        """Send; `delivery.resolve` is called once it is answered, times out or the connection is lost."""
+
+    def ask(self, check: TxCheck, timeout: float) -> None:
+        """Ask a producer about a transaction; `check.resolve` is called as for a delivery."""
 
 
 def warmup_weight(peer: Peer, now: float) -> float:

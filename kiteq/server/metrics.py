@@ -76,7 +76,7 @@ class Latency:
         cumulative, running = [], 0
         for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
             running += count
-            cumulative.append((floatToGoString(bound), float(running)))
+            cumulative.append((floatToGoString(bound), float(running)))  # type: ignore[no-untyped-call]
         return cumulative
 
 

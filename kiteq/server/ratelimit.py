@@ -11,8 +11,8 @@ class TokenBucket:
         self._at: float | None = None
 
     def try_take(self, now: float) -> bool:
-        if self._at is not None:
-            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        if self._at is not None:  # a clock stepping back refills nothing
+            self._tokens = min(self.burst, self._tokens + max(0.0, now - self._at) * self.rate)
         self._at = now
         if self._tokens >= 1.0:
             self._tokens -= 1.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from protocol import Cmd
 from stores.entity import MessageEntity
@@ -171,7 +171,7 @@ def decode_head(data: bytes, start: int) -> Head:
     return Head(message_id, topic, created_at, next_at, count, flags, groups, reason)
 
 
-def _bounds(data: bytes | memoryview, start: int) -> tuple[tuple, list[int]]:
+def _bounds(data: bytes | memoryview, start: int) -> tuple[tuple[Any, ...], list[int]]:
     """The head's fields and where each variable part starts (and the body)."""
     fields = HEAD.unpack_from(data, start)
     bounds = [start + HEAD.size]

@@ -77,7 +77,8 @@ class AsyncioBridge:
         loop = self._loop
         if loop is None:
             raise StoreUnavailable(f"the MySQL store is not running ({self._error or 'closed'})")
-        return await loop.run_aio_coroutine(fn(*args))
+        result: R = await loop.run_aio_coroutine(fn(*args))
+        return result
 
     def start_soon(
         self, fn: Callable[..., Awaitable[object]], *args: object, name: str | None = None

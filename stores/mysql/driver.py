@@ -20,7 +20,7 @@ if not callable(getattr(pymysql.converters, "escape_bytes_prefixed", None)):
 import aiomysql
 
 
-class QuietCursor(aiomysql.Cursor):
+class QuietCursor(aiomysql.Cursor):  # type: ignore[misc]  # aiomysql is untyped
     """A cursor that leaves server warnings on the server.
 
     `INSERT IGNORE` reports every duplicate id as a warning, by design here; stock

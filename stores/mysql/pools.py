@@ -10,7 +10,7 @@ returned to the pool, so the next call starts on a clean one.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import pymysql
@@ -118,7 +118,9 @@ class Server:
                 scope.shield = True
                 await self._bridge.run(_close_pool, pool)
 
-    async def _call(self, fn: Callable[..., Awaitable[R]], *args: Any, timeout: float | None = None) -> R:
+    async def _call(
+        self, fn: Callable[..., Coroutine[Any, Any, R]], *args: Any, timeout: float | None = None
+    ) -> R:
         limit = self._config.timeout if timeout is None else timeout
         try:
             with trio.fail_after(limit):

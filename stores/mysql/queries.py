@@ -186,13 +186,15 @@ async def update_batch(conn: Connection, sql: Statements, items: Sequence[Update
 async def execute(conn: Connection, text: str, args: Sequence[object]) -> int:
     """One autocommitted statement; the number of rows it matched."""
     async with conn.cursor() as cursor:
-        return await cursor.execute(text, args)
+        matched: int = await cursor.execute(text, args)
+        return matched
 
 
 async def fetch_one(conn: Connection, text: str, args: Sequence[object]) -> tuple[Any, ...] | None:
     async with conn.cursor() as cursor:
         await cursor.execute(text, args)
-        return await cursor.fetchone()
+        row: tuple[Any, ...] | None = await cursor.fetchone()
+        return row
 
 
 async def fetch_all(conn: Connection, text: str, args: Sequence[object]) -> list[tuple[Any, ...]]:

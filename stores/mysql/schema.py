@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
@@ -41,7 +42,7 @@ SCHEMA_VERSION = 1
 DIALECT = mariadb.loader("pymysql")()
 META_TABLE = "kite_meta"
 MESSAGE_TABLE = "kite_msg_{shard}"
-TEXT_KWARGS = {
+TEXT_KWARGS: dict[str, Any] = {  # dialect options: sa.Table's **kw
     "mariadb_engine": "InnoDB",
     "mariadb_default_charset": "utf8mb4",
     "mariadb_collate": "utf8mb4_bin",

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 
 from stores.mysql.rows import COLUMNS, STATE_COLUMNS
@@ -27,7 +28,8 @@ from stores.mysql.schema import DIALECT, schema
 ADOPT_CHUNK = 1000
 bp = sa.bindparam
 # Flags compare as `= 1` / `= 0`: MariaDB range-scans an index on equality, not on `IS TRUE`.
-ON, OFF = sa.literal_column("1"), sa.literal_column("0")
+ON: ColumnElement[int] = sa.literal_column("1")
+OFF: ColumnElement[int] = sa.literal_column("0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,7 @@ class Sql:
 
 def compile_sql(statement: sa.ClauseElement) -> Sql:
     compiled = statement.compile(dialect=DIALECT)
+    assert isinstance(compiled, SQLCompiler)  # a statement's compiler, which has positiontup
     names = tuple(compiled.positiontup or ())
     defaults = {name: value for name, value in compiled.params.items() if value is not None}
     return Sql(compiled.string, names, defaults)

@@ -84,6 +84,8 @@ def parse_endpoint(text: str, what: str) -> Endpoint:
 
 
 def _coerce(name: str, value: object) -> object:
+    low: float
+    high: float
     if name in _INT_OPTIONS:
         low, high = _INT_OPTIONS[name]
         try:

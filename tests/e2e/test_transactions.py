@@ -8,6 +8,7 @@ import pytest
 import trio
 
 from kiteq import Binding, CheckMessageListener, Consumer, Message, Producer, TxStatus
+from kiteq.server.admin.dlq import DeadFilter
 from kiteq.server.tx.decisions import apply_decision
 from tests.faults.report import duplicates, record
 from tests.helpers import RecordingListener, registry_uri, running_broker, wait_until
@@ -49,7 +50,8 @@ async def test_commit_delivers_once_rollback_never(tmp_path: Path) -> None:
         with pytest.raises(LocalTxFailed):
             await producer.send_tx(raised, explode)
         await wait_until(lambda: a.acked[committed.message_id] == 1 and b.acked[committed.message_id] == 1)
-        await trio.sleep(1.5)  # several back-scan intervals
+        scans = broker.backscan.scans
+        await wait_until(lambda: broker.backscan.scans >= scans + 3, what="three more back-scans")
     delivered = {m.message_id for m in a.deliveries + b.deliveries}
     assert delivered == {committed.message_id}
     assert a.acked[committed.message_id] == 1 and b.acked[committed.message_id] == 1
@@ -66,7 +68,8 @@ async def test_uncommitted_message_is_never_delivered(tmp_path: Path) -> None:
     ):
         pending = Message("t", "x", b"wait", commit=False)
         await producer.send(pending)
-        await trio.sleep(0.5)
+        passes = broker.recover.passes
+        await wait_until(lambda: broker.recover.passes >= passes + 3, what="three recover passes")
         assert listener.deliveries == []
         entity = await broker.store.get(pending.message_id)
         assert entity is not None and not entity.commit
@@ -101,7 +104,8 @@ async def test_killed_producer_is_answered_by_a_new_one(tmp_path: Path, answer: 
             )
         else:
             await wait_until(lambda: broker.events.total("rolled_back") == 3, what="rollbacks applied")
-            await trio.sleep(1.0)
+            scans = broker.backscan.scans
+            await wait_until(lambda: broker.backscan.scans >= scans + 2, what="two more back-scans")
             assert listener.deliveries == []
         second.kill()
 
@@ -131,14 +135,7 @@ async def test_unknown_fifteen_times_dead_letters_then_redrive_delivers(tmp_path
         assert dead is not None and dead.dead_reason == "tx-unresolved"
         assert checker.asked == 15
         assert listener.deliveries == []
-        from kiteq.server.admin import dlq
-
-        assert (
-            await dlq.redrive(
-                broker.store, broker.dispatcher, broker.events, dlq.DeadFilter(message_id=message.message_id)
-            )
-            == 1
-        )
+        assert await broker.dead_letters.redrive(DeadFilter(message_id=message.message_id)) == 1
         await wait_until(lambda: listener.acked[message.message_id] == 1, what="delivery after redrive")
 
 
@@ -190,5 +187,6 @@ async def test_commit_and_rollback_race_exactly_one_wins(tmp_path: Path) -> None
             outcomes[message.message_id] = results[TxStatus.COMMIT]
         winners = {mid for mid, committed in outcomes.items() if committed}
         await wait_until(lambda: listener.acked_ids == winners, what="only the committed ones delivered")
-        await trio.sleep(0.5)
+        passes = broker.recover.passes
+        await wait_until(lambda: broker.recover.passes >= passes + 3, what="three recover passes")
         assert {m.message_id for m in listener.deliveries} == winners

@@ -33,7 +33,7 @@ DUMP_CHUNK = 500
 EXIT_DAMAGED = 1
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     store = subparsers.add_parser(
         "store",
         help="create a MySQL store's schema; offline tools for a file store (stop the broker first)",

@@ -22,16 +22,14 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kiteq.server.admin import dlq
+from kiteq.server.admin.dlq import DeadFilter, DeadLetters
+from kiteq.server.events import Events
 from kiteq.server.metrics import BrokerMetrics
-
-if TYPE_CHECKING:
-    from kiteq.server.broker import Broker
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -63,9 +61,22 @@ class HttpError(Exception):
         self.status = status
 
 
+class BrokerView(Protocol):
+    """What the admin endpoint reads and changes of a broker, and nothing more."""
+
+    events: Events
+    dead_letters: DeadLetters
+
+    @property
+    def address(self) -> str: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+
 class AdminApp:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerView, admin_token: str = "") -> None:
         self.broker = broker
+        self.admin_token = admin_token
         self.metrics = BrokerMetrics(broker.events)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -83,7 +94,7 @@ class AdminApp:
     async def _route(self, scope: Scope, receive: Receive) -> Response:
         method, path = scope["method"], scope["path"]
         query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
-        store = self.broker.store
+        dead_letters = self.broker.dead_letters
         if method == "GET" and (path == "/" or path.startswith("/static/")):
             return _static(path.removeprefix("/static/") if path != "/" else "index.html")
         if (method, path) == ("GET", "/healthz"):
@@ -95,21 +106,20 @@ class AdminApp:
             return Response(200, text, CONTENT_TYPE_LATEST.encode())
         if (method, path) == ("GET", "/dlq"):
             limit = _int(query.get("limit", "100"), "limit")
-            return json_response(200, await dlq.list_dead(store, _selection(query), limit))
+            return json_response(200, await dead_letters.list(_selection(query), limit))
         if method == "POST" and path in ("/dlq/redrive", "/dlq/purge"):
             self._authorize(scope)
             body = await _json_body(scope, receive)
             selection = _selection(body)
-            if selection == dlq.DeadFilter() and not body.get("all"):
+            if selection == DeadFilter() and not body.get("all"):
                 raise HttpError(400, 'an empty selection applies to every dead letter: send {"all": true}')
             if path == "/dlq/redrive":
-                count = await dlq.redrive(store, self.broker.dispatcher, self.broker.events, selection)
-                return json_response(200, {"redriven": count})
-            return json_response(200, {"purged": await dlq.purge(store, selection)})
+                return json_response(200, {"redriven": await dead_letters.redrive(selection)})
+            return json_response(200, {"purged": await dead_letters.purge(selection)})
         raise HttpError(404, f"no route {method} {path}")
 
     def _authorize(self, scope: Scope) -> None:
-        token = self.broker.config.server.admin_token
+        token = self.admin_token
         if not token:
             return
         headers = dict(scope.get("headers", []))
@@ -125,8 +135,8 @@ def _int(value: str, name: str) -> int:
         raise HttpError(400, f"{name} must be an integer, not {value!r}") from None
 
 
-def _selection(values: dict[str, Any]) -> dlq.DeadFilter:
-    return dlq.DeadFilter(
+def _selection(values: dict[str, Any]) -> DeadFilter:
+    return DeadFilter(
         message_id=str(values.get("message_id", "")),
         topic=str(values.get("topic", "")),
         group=str(values.get("group", "")),

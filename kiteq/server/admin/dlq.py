@@ -62,34 +62,40 @@ def describe(entity: MessageEntity) -> dict[str, object]:
     }
 
 
-async def list_dead(store: MessageStore, selection: DeadFilter, limit: int) -> list[dict[str, object]]:
-    found = []
-    async for entity in dead_letters(store, selection):
-        found.append(describe(entity))
-        if len(found) >= limit:
-            break
-    return found
+class DeadLetters:
+    """The dead-letter operations of the admin routes: list, redrive, purge."""
 
+    def __init__(self, store: MessageStore, dispatcher: Dispatcher, events: Events) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.events = events
 
-async def redrive(store: MessageStore, dispatcher: Dispatcher, events: Events, selection: DeadFilter) -> int:
-    """Bring matching dead letters back and deliver them now; the number redriven."""
-    chosen = [entity.message_id async for entity in dead_letters(store, selection)]
-    count = 0
-    for message_id in chosen:
-        if not await store.redrive(message_id):
-            continue
-        entity = await store.get(message_id)
-        if entity is None:
-            continue
-        count += 1
-        events.emit("redriven", entity)
-        dispatcher.submit(entity)
-    return count
+    async def list(self, selection: DeadFilter, limit: int) -> list[dict[str, object]]:
+        found = []
+        async for entity in dead_letters(self.store, selection):
+            found.append(describe(entity))
+            if len(found) >= limit:
+                break
+        return found
 
+    async def redrive(self, selection: DeadFilter) -> int:
+        """Bring matching dead letters back and deliver them now; the number redriven."""
+        chosen = [entity.message_id async for entity in dead_letters(self.store, selection)]
+        count = 0
+        for message_id in chosen:
+            if not await self.store.redrive(message_id):
+                continue
+            entity = await self.store.get(message_id)
+            if entity is None:
+                continue
+            count += 1
+            self.events.emit("redriven", entity)
+            self.dispatcher.submit(entity)
+        return count
 
-async def purge(store: MessageStore, selection: DeadFilter) -> int:
-    chosen = [entity.message_id async for entity in dead_letters(store, selection)]
-    count = 0
-    for message_id in chosen:
-        count += await store.purge(message_id)
-    return count
+    async def purge(self, selection: DeadFilter) -> int:
+        chosen = [entity.message_id async for entity in dead_letters(self.store, selection)]
+        count = 0
+        for message_id in chosen:
+            count += await self.store.purge(message_id)
+        return count

@@ -11,7 +11,6 @@ and only then forgets the round, so the recover loop never sees a stale message.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable, Sequence
 
 import structlog
@@ -19,9 +18,10 @@ import trio
 
 from kiteq.config import DeliveryConfig
 from kiteq.registry.bindings import Binding
+from kiteq.server.clock import WallClock
 from kiteq.server.delivery.lanes import Delivery, Lane
 from kiteq.server.delivery.retry import backoff_delay
-from kiteq.server.delivery.rounds import Outcome, Round, Verdict
+from kiteq.server.delivery.rounds import Outcome, Round, Verdict, first_due
 from kiteq.server.events import Events
 from kiteq.server.groups import GroupTable
 from kiteq.server.routing import Router
@@ -34,18 +34,34 @@ PUMP_BURST = 64
 
 
 class Dispatcher:
+    """Rounds in flight and the lanes they go through.
+
+    `on_capacity()` is called when a full lane frees a slot and `on_retry(when)` when a
+    retry is scheduled for wall-clock time `when`: the recover loop's wake-ups.
+    """
+
     def __init__(
-        self, store: MessageStore, router: Router, groups: GroupTable, config: DeliveryConfig, events: Events
+        self,
+        store: MessageStore,
+        router: Router,
+        groups: GroupTable,
+        config: DeliveryConfig,
+        events: Events,
+        *,
+        clock: WallClock,
+        on_capacity: Callable[[], None],
+        on_retry: Callable[[float], None],
     ) -> None:
         self.store = store
         self.router = router
         self.groups = groups
         self.config = config
         self.events = events
+        self.clock = clock
+        self.on_capacity = on_capacity
+        self.on_retry = on_retry
         self.rounds: dict[str, Round] = {}
         self.lanes: dict[tuple[str, str, str], Lane] = {}
-        self.on_capacity: Callable[[], None] = lambda: None
-        self.on_retry: Callable[[float], None] = lambda when: None
         self._nursery: trio.Nursery | None = None
         self._completed_send, self._completed_receive = trio.open_memory_channel[Round](math.inf)
         self.draining = False
@@ -69,9 +85,9 @@ class Dispatcher:
                 lane.close()
                 del self.lanes[key]
         for key, binding in wanted.items():
-            lane = self.lanes.get(key)
-            if lane is not None:
-                lane.rebind(binding)
+            running = self.lanes.get(key)
+            if running is not None:
+                running.rebind(binding)
                 continue
             lane = self.lanes[key] = Lane(binding, self.config.lane_capacity)
             if self._nursery is not None:
@@ -91,7 +107,7 @@ class Dispatcher:
         owed = [b for b in bindings if b.group not in entity.succ_groups] if entity.succ_groups else bindings
         round_ = Round.of(entity, self.router.groups(entity.topic, entity.message_type), sent)
         self.rounds[entity.message_id] = round_
-        if not bindings or entity.is_expired(time.time()):
+        if not bindings or entity.is_expired(self.clock()):
             self._complete(round_)
             return False
         for binding in owed:
@@ -99,21 +115,20 @@ class Dispatcher:
                 self._unreachable(round_, binding)
                 continue
             lane = self.lanes.get(binding.key)
-            delivery = Delivery(round_, lane, binding.group, self) if lane is not None else None
-            if delivery is not None and lane is not None and lane.offer(delivery):
-                round_.pending.add(binding.group)
-                round_.dispatched = True
-            else:
-                round_.deferred = True
+            if lane is not None and lane.offer(Delivery(round_, lane, binding.group, self.resolve)):
+                round_.offered(binding.group)
+            # else: no room; the group stays owed, and the recover loop offers it again.
         if round_.complete:
             self._complete(round_)
         return round_.dispatched
 
-    def admit(self, entities: Sequence[MessageEntity]) -> list[bool]:
-        """Which of these fresh messages, submitted in order, every lane they route to can queue.
+    def admit(self, entities: Sequence[MessageEntity], now: float) -> list[bool]:
+        """Decide, for fresh messages in order, which are delivered now and which wait in the store.
 
-        Uncommitted ones are not submitted, so they take no room (and count as admitted).
-        A full lane is marked starved, so the recover loop is woken when it frees up.
+        A message is delivered now when every lane it routes to can queue it; its next
+        delivery time is set to match (`rounds.first_due`). Uncommitted ones are not
+        submitted, so they take no room. A full lane is marked starved, so the recover
+        loop is woken when it frees up.
         """
         room: dict[Lane, int] = {}
         admitted = []
@@ -138,6 +153,9 @@ class Dispatcher:
                 for lane in lanes:
                     room[lane] -= 1
             admitted.append(fits)
+        timeout = self.config.deliver_timeout
+        for entity, now_or_later in zip(entities, admitted, strict=True):
+            entity.next_deliver_at = first_due(now, timeout, now_or_later)
         return admitted
 
     def saturated(self) -> bool:
@@ -145,24 +163,22 @@ class Dispatcher:
         return bool(self.lanes) and all(lane.queued >= lane.capacity for lane in self.lanes.values())
 
     def _unreachable(self, round_: Round, binding: Binding) -> None:
-        """No consumer of the group is online: keep it for later, or skip a non-persistent group."""
-        if binding.persistent:
-            round_.deferred = True
-            return
-        round_.succ.add(binding.group)
-        self.events.emit("dropped", round_.entity, group=binding.group, reason="no-consumer")
+        """No consumer of the group is online: a persistent group stays owed, another is skipped."""
+        if not binding.persistent:
+            round_.skipped(binding.group)
+            self.events.emit("dropped", round_.entity, group=binding.group, reason="no-consumer")
 
     async def _pump(self, lane: Lane) -> None:
         """Send the lane's deliveries, never more than its watermark unacked at once."""
         sent = 0
         while (delivery := await lane.next()) is not None:
             await lane.take_slot()  # a free slot is taken without yielding: a burst goes out in one pass
-            peer = None if self.draining or lane.closed else self.groups.pick(lane.group, time.time())
+            peer = None if self.draining or lane.closed else self.groups.pick(lane.group, self.clock())
             if peer is None:
                 lane.free_slot()
                 self._give_back(delivery)
                 continue
-            peer.deliver(delivery, self.config.deliver_timeout)  # type: ignore[attr-defined]
+            peer.deliver(delivery, self.config.deliver_timeout)
             self.events.emit(
                 "delivered",
                 delivery.round.entity,
@@ -176,10 +192,8 @@ class Dispatcher:
     def _give_back(self, delivery: Delivery) -> None:
         """A queued delivery that was never sent (group offline, binding removed, shutting down)."""
         round_ = delivery.round
-        round_.pending.discard(delivery.group)
-        if delivery.lane.binding.persistent or self.draining:
-            round_.deferred = True
-        else:
+        round_.returned(delivery.group)
+        if not self.draining:
             self._unreachable(round_, delivery.lane.binding)
         if round_.complete:
             self._complete(round_)
@@ -194,7 +208,7 @@ class Dispatcher:
             lane.starved = False
             self.on_capacity()
         round_ = delivery.round
-        latency_ms = (time.time() - delivery.sent_at) * 1000
+        latency_ms = (self.clock() - delivery.sent_at) * 1000
         if ok:
             self.events.emit("acked", round_.entity, group=delivery.group, latency_ms=latency_ms)
         else:
@@ -229,7 +243,7 @@ class Dispatcher:
                     self._idle = trio.Event()
 
     async def _record_all(self, rounds: list[Round]) -> None:
-        now = time.time()
+        now = self.clock()
         outcomes = [(round_, round_.outcome(now)) for round_ in rounds]
         finished = [round_ for round_, outcome in outcomes if outcome.verdict is Verdict.FINISH]
         try:
@@ -262,7 +276,7 @@ class Dispatcher:
         entity = round_.entity
         if entity.fly:
             return
-        now = time.time()
+        now = self.clock()
         match outcome.verdict:
             case Verdict.DEAD:
                 await self.store.dead_letter(entity.message_id, outcome.reason)

@@ -15,31 +15,28 @@ item, and the pump would pay a trip through the scheduler per delivery.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import trio
 
 from kiteq.registry.bindings import Binding
-
-if TYPE_CHECKING:
-    from kiteq.server.delivery.dispatcher import Dispatcher
-    from kiteq.server.delivery.rounds import Round
+from kiteq.server.delivery.rounds import Round
 
 
 @dataclass(eq=False, slots=True)
 class Delivery:
-    """One message pushed to one group."""
+    """One message pushed to one group; `settle` is called once with how it was answered."""
 
     round: Round
     lane: Lane
     group: str
-    owner: Dispatcher
+    settle: Callable[[Delivery, bool, str], None]
     opaque: int = 0
     sent_at: float = 0.0
 
     def resolve(self, ok: bool, reason: str = "") -> None:
-        self.owner.resolve(self, ok, reason)
+        self.settle(self, ok, reason)
 
 
 @dataclass(eq=False)

@@ -11,12 +11,12 @@ freeing up wake it at once, and every retry the dispatcher schedules is remember
 from __future__ import annotations
 
 import math
-import time
 
 import structlog
 import trio
 
 from kiteq.config import DeliveryConfig
+from kiteq.server.clock import WallClock
 from kiteq.server.delivery.dispatcher import Dispatcher
 from stores import MessageStore, StoreError
 
@@ -27,32 +27,61 @@ MIN_GAP = 0.05
 DUE_RESOLUTION = 0.05  # retries falling due this close together share one pass
 
 
-class RecoverLoop:
-    def __init__(self, store: MessageStore, dispatcher: Dispatcher, config: DeliveryConfig) -> None:
-        self.store = store
-        self.dispatcher = dispatcher
-        self.config = config
-        self.passes = 0
-        self._signal = trio.Event()
+class RecoverSignal:
+    """When the recover loop should run next: at once (`wake`) or when a retry falls due.
+
+    Made before the loop and the dispatcher, so the dispatcher is given `wake` and
+    `retry_at` as its hooks when it is constructed.
+    """
+
+    def __init__(self, clock: WallClock) -> None:
+        self.clock = clock
+        self._event = trio.Event()
         self._woken = False
         self._due_ticks: set[int] = set()
 
     def wake(self) -> None:
         self._woken = True
-        self._signal.set()
+        self._event.set()
 
     def retry_at(self, when: float) -> None:
-        """A retry falls due at `when` (wall clock): a pass will run then."""
-        tick = math.ceil((trio.current_time() + max(0.0, when - time.time())) / DUE_RESOLUTION)
+        """A retry falls due at wall-clock time `when`: a pass will run then."""
+        tick = math.ceil((trio.current_time() + max(0.0, when - self.clock())) / DUE_RESOLUTION)
         if tick not in self._due_ticks:
             self._due_ticks.add(tick)
-            self._signal.set()
+            self._event.set()
+
+    def forget_past(self) -> None:
+        now = trio.current_time()
+        self._due_ticks = {tick for tick in self._due_ticks if tick * DUE_RESOLUTION > now}
+
+    async def wait(self, idle: float) -> None:
+        """Until `idle` passes, `wake()` is called, or the next retry falls due."""
+        until = trio.current_time() + idle
+        while not self._woken:
+            deadline = min(until, min(self._due_ticks, default=math.inf) * DUE_RESOLUTION)
+            if trio.current_time() >= deadline:
+                break
+            self._event = trio.Event()
+            with trio.move_on_at(deadline):
+                await self._event.wait()
+        self._woken = False
+
+
+class RecoverLoop:
+    def __init__(
+        self, store: MessageStore, dispatcher: Dispatcher, config: DeliveryConfig, signal: RecoverSignal
+    ) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.config = config
+        self.signal = signal
+        self.passes = 0
 
     async def run(self) -> None:
         idle = self.config.recover_interval
         while True:
-            now = trio.current_time()
-            self._due_ticks = {tick for tick in self._due_ticks if tick * DUE_RESOLUTION > now}
+            self.signal.forget_past()
             try:
                 placed = await self.run_pass()
             except StoreError as exc:
@@ -60,26 +89,14 @@ class RecoverLoop:
                 placed = 0
             idle = self.config.recover_interval if placed else min(idle * 2, MAX_IDLE)
             await trio.sleep(MIN_GAP)
-            await self._wait(idle)
-
-    async def _wait(self, idle: float) -> None:
-        """Until `idle` passes, `wake()` is called, or the next retry falls due."""
-        until = trio.current_time() + idle
-        while not self._woken:
-            deadline = min(until, min(self._due_ticks, default=math.inf) * DUE_RESOLUTION)
-            if trio.current_time() >= deadline:
-                break
-            self._signal = trio.Event()
-            with trio.move_on_at(deadline):
-                await self._signal.wait()
-        self._woken = False
+            await self.signal.wait(idle)
 
     async def run_pass(self) -> int:
         """Offer every due message once, or until every lane is full (the rest wait in the store).
 
         The number of messages sent to at least one group.
         """
-        now = time.time()
+        now = self.signal.clock()
         cursor = None
         placed = 0
         while True:

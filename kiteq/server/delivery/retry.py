@@ -15,7 +15,7 @@ def backoff_delay(
     are not hit by every retry at once (AWS's "Exponential Backoff and Jitter"); "none"
     waits exactly the cap, for tests and for operators who prefer predictability.
     """
-    cap = min(maximum, base * 2 ** min(max(attempt - 1, 0), 62))
+    cap = min(maximum, base * 2.0 ** min(max(attempt - 1, 0), 62))
     if jitter == "none":
         return cap
     return (rng or random).uniform(0.0, cap)

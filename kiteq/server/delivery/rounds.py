@@ -1,7 +1,9 @@
 """A delivery round: one attempt to push a message to the groups still owed it.
 
-Pure bookkeeping, no I/O: what was sent to whom, who answered what, and — once
-everyone answered — what the store must record (`Outcome`).
+Pure bookkeeping, no I/O and no clock of its own: what was sent to whom, who answered
+what, and — once everyone answered — what the store must record (`Outcome`). The
+round changes only through its own transitions (`offered`, `returned`, `skipped`,
+`record`); the dispatcher calls them as deliveries are queued, sent and answered.
 """
 
 from __future__ import annotations
@@ -22,6 +24,19 @@ class Verdict(enum.Enum):
     UNCHANGED = "unchanged"  # nothing was sent and nothing changed: the store stays as it is
 
 
+# A fresh message about to be delivered is leased: stored with its next delivery this
+# many deliver_timeouts ahead, so the recover loop does not page it while it is on its
+# way. Every outcome rewrites that time; only a crash leaves the lease to run out, and
+# then the lease's end is when recovery delivers it again.
+LEASE_FACTOR = 2.0
+
+
+def first_due(now: float, deliver_timeout: float, delivering: bool) -> float:
+    """When a fresh message is due in the store: after the lease if it is delivered now, else
+    now (a lane it routes to is full: it waits in the store, due, for the recover loop)."""
+    return now + LEASE_FACTOR * deliver_timeout if delivering else now
+
+
 @dataclass(slots=True)
 class Outcome:
     verdict: Verdict
@@ -40,7 +55,6 @@ class Round:
     succ: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)
     pending: set[str] = field(default_factory=set)
-    deferred: bool = False
     dispatched: bool = False
 
     @classmethod
@@ -69,7 +83,21 @@ class Round:
     def complete(self) -> bool:
         return not self.pending
 
+    def offered(self, group: str) -> None:
+        """A delivery to `group` is queued: the round waits for its answer."""
+        self.pending.add(group)
+        self.dispatched = True
+
+    def returned(self, group: str) -> None:
+        """A queued delivery to `group` was never sent: the group is owed it again later."""
+        self.pending.discard(group)
+
+    def skipped(self, group: str) -> None:
+        """`group` is not owed this message: a non-persistent binding with nobody online."""
+        self.succ.add(group)
+
     def record(self, group: str, ok: bool, reason: str = "") -> None:
+        """`group` answered: acked, or failed (a nack, a timeout, a lost connection) for `reason`."""
         self.pending.discard(group)
         if ok:
             self.succ.add(group)

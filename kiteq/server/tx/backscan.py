@@ -2,27 +2,29 @@
 
 Every `tx_scan_interval` it pages through uncommitted messages older than
 `tx_check_after` and sends each a TxACKPacket(status=0) on a live connection of the
-producer's group. Every question counts (in the message's deliver_count, which for
-an uncommitted message counts checks); a message still unresolved after
-`tx_check_max` questions goes to the dead-letter queue as `tx-unresolved`. Questions
+producer's group. Every question asked counts (in the message's deliver_count, which
+for an uncommitted message counts checks); a message still unresolved after
+`tx_check_max` questions goes to the dead-letter queue as `tx-unresolved`. While no
+producer of its group is connected nobody is asked, so nothing is counted: the
+message waits (`waiting`, in /stats), and the next scan runs as soon as a producer of
+that group connects. Questions
 are bounded per group by an in-flight limit and a rate, so a backlog of old
 transactions cannot flood a producer; what is skipped is asked next scan.
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 import structlog
 import trio
 
 from kiteq.config import TxConfig
+from kiteq.server.clock import WallClock
 from kiteq.server.events import Events
 from kiteq.server.groups import GroupTable
 from kiteq.server.ratelimit import TokenBucket
-from protocol import TxStatus
+from kiteq.server.tx.checks import TxCheck
 from stores import MessageStore, StoreError
 from stores.entity import MessageEntity
 
@@ -31,31 +33,32 @@ log = structlog.get_logger(__name__)
 PAGE = 200
 
 
-@dataclass(eq=False, slots=True)
-class TxCheck:
-    """One question in flight to a producer connection."""
-
-    entity: MessageEntity
-    scan: TxBackscan
-    opaque: int = 0
-    sent_at: float = field(default_factory=time.time)
-
-    def resolve(self, ok: bool, reason: str = "") -> None:
-        self.scan.settled(self, reason)
-
-
 class TxBackscan:
-    def __init__(self, store: MessageStore, groups: GroupTable, config: TxConfig, events: Events) -> None:
+    def __init__(
+        self, store: MessageStore, groups: GroupTable, config: TxConfig, events: Events, *, clock: WallClock
+    ) -> None:
         self.store = store
         self.groups = groups
         self.config = config
         self.events = events
+        self.clock = clock
         self.inflight: Counter[str] = Counter()
+        # Per producer group, the messages the last scan found with none of its producers connected.
+        self.waiting: Counter[str] = Counter()
+        self.scans = 0  # completed scans: tests wait on it instead of sleeping
         self._buckets: dict[str, TokenBucket] = {}
+        self._woken = trio.Event()
+
+    def producer_connected(self, group: str) -> None:
+        """A connection of `group` authenticated: scan now if its messages wait for one."""
+        if self.waiting.get(group):
+            self._woken.set()
 
     async def run(self) -> None:
         while True:
-            await trio.sleep(self.config.tx_scan_interval)
+            with trio.move_on_after(self.config.tx_scan_interval):
+                await self._woken.wait()
+            self._woken = trio.Event()
             try:
                 await self.scan()
             except StoreError as exc:
@@ -63,14 +66,16 @@ class TxBackscan:
 
     async def scan(self) -> int:
         """Ask about every old uncommitted message once (within the limits); questions sent."""
-        older_than = time.time() - self.config.tx_check_after
+        older_than = self.clock() - self.config.tx_check_after
         cursor = None
         asked = 0
+        self.waiting.clear()
         while True:
             page = await self.store.page_uncommitted(older_than, cursor, PAGE)
             for entity in page.items:
                 asked += await self._check(entity)
             if page.cursor is None:
+                self.scans += 1
                 return asked
             cursor = page.cursor
 
@@ -87,16 +92,17 @@ class TxBackscan:
         bucket = self._buckets.get(group)
         if bucket is None:
             bucket = self._buckets[group] = TokenBucket(self.config.tx_check_rate, self.config.tx_check_rate)
-        if not bucket.try_take(time.monotonic()):
+        now = self.clock()
+        peer = self.groups.pick(group, now)
+        if peer is None:
+            self.waiting[group] += 1
+            return False
+        if not bucket.try_take(now):
             return False
         checks = entity.deliver_count + 1
-        await self.store.update_delivery(entity.message_id, (), (), checks, time.time())
-        peer = self.groups.pick(group, time.time())
-        if peer is None:
-            self.events.emit("tx_checked", entity, reason="no-producer", attempt=checks)
-            return False
+        await self.store.update_delivery(entity.message_id, (), (), checks, now)
         self.inflight[group] += 1
-        peer.ask(TxCheck(entity, self), self.config.tx_check_timeout)  # type: ignore[attr-defined]
+        peer.ask(TxCheck(entity, self.settled, now), self.config.tx_check_timeout)
         self.events.emit("tx_checked", entity, reason="asked", attempt=checks)
         return True
 
@@ -108,10 +114,3 @@ class TxBackscan:
             del self.inflight[group]
         if reason:
             self.events.emit("tx_checked", check.entity, reason=reason)
-
-
-def decision_of(status: int) -> TxStatus:
-    try:
-        return TxStatus(status)
-    except ValueError:
-        return TxStatus.UNKNOWN

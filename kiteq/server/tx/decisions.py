@@ -56,3 +56,11 @@ async def apply_decision(
             )
         return False
     return False
+
+
+def decision_of(status: int) -> TxStatus:
+    """A TxACKPacket's status as a decision; a number KiteQ does not define is UNKNOWN."""
+    try:
+        return TxStatus(status)
+    except ValueError:
+        return TxStatus.UNKNOWN

@@ -72,18 +72,7 @@ def keys(bindings: list[Binding]) -> set[tuple[str, str, str]]:
     return {b.key for b in bindings}
 
 
-# -- URI ---------------------------------------------------------------------------------
-
-
-def test_uri_parsing() -> None:
-    assert parse_zk_uri("zk://a:1,b/x/y?session_timeout=3") == (
-        "a:1,b:2181",
-        "/x/y",
-        {"session_timeout": 3.0},
-    )
-    for bad in ("zk://", "zk://h:0", "zk://h:p", "zk://h/a//b", "zk://h?foo=1", "zk://h?session_timeout=-1"):
-        with pytest.raises(RegistryError):
-            parse_zk_uri(bad)
+# -- start ---------------------------------------------------------------------------------
 
 
 async def test_start_fails_clearly_when_zookeeper_is_unreachable() -> None:

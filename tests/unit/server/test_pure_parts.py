@@ -231,7 +231,16 @@ def test_admission_reserves_lane_room_for_committed_messages_in_order() -> None:
     bindings = [Binding.direct("trade", "pay-succ", group="sms"), Binding.fanout("trade", group="all")]
     router = Router()
     router.update(bindings)
-    dispatcher = Dispatcher(MemoryStore(), router, GroupTable(), DeliveryConfig(lane_capacity=2), Events())
+    dispatcher = Dispatcher(
+        MemoryStore(),
+        router,
+        GroupTable(),
+        DeliveryConfig(lane_capacity=2, deliver_timeout=5.0),
+        Events(),
+        clock=lambda: NOW,
+        on_capacity=lambda: None,
+        on_retry=lambda when: None,
+    )
     dispatcher.sync_lanes(bindings)
     fresh = [
         entity(),
@@ -240,8 +249,11 @@ def test_admission_reserves_lane_room_for_committed_messages_in_order() -> None:
         entity(),
         entity(message_type="refund"),
     ]
-    assert dispatcher.admit(fresh) == [True, True, True, False, False], (
+    assert dispatcher.admit(fresh, NOW) == [True, True, True, False, False], (
         "the fanout lane holds two; the uncommitted message takes no room"
+    )
+    assert [e.next_deliver_at for e in fresh] == [NOW + 10.0] * 3 + [NOW] * 2, (
+        "leased while on its way; due at once when it waits in the store"
     )
     starved = {lane.group for lane in dispatcher.lanes.values() if lane.starved}
     assert starved == {"all"}

@@ -1,0 +1,162 @@
+"""What the broker does with a client's requests: store messages, apply tx decisions.
+
+A message's path reads top to bottom in `produce`: validate -> authorize -> save ->
+ack -> dispatch. The connection a request came on is seen only through `Requester`
+(who it is, and how to answer it), so this module knows nothing of sockets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+import structlog
+import trio
+
+from kiteq.server.acl import Acl
+from kiteq.server.clock import WallClock
+from kiteq.server.delivery.dispatcher import Dispatcher
+from kiteq.server.delivery.rounds import first_due
+from kiteq.server.events import Events
+from kiteq.server.refusals import RefusalLog
+from kiteq.server.tx.decisions import apply_decision, decision_of
+from kiteq.server.validate import InvalidMessage, validate_message
+from protocol import TxStatus
+from protocol.session import MessageReceived, TxDecision, quote
+from stores import MessageStore, StoreError, entity_from_wire
+from stores.entity import MessageEntity
+
+log = structlog.get_logger(__name__)
+
+STORE_TIMEOUT = 10.0
+# From this many messages in one save, their acks are sent before they are dispatched.
+ACKS_FIRST = 16
+STORED = "Store Result true"
+STORED_BEFORE = "Store Result true (duplicate, stored once)"
+
+
+class Requester(Protocol):
+    """The connection a request came on, as the handlers see it."""
+
+    peer: str
+
+    @property
+    def group(self) -> str: ...
+
+    def store_ack(self, opaque: int, message_id: str, stored: bool, feedback: str) -> None: ...
+
+
+class Handlers:
+    def __init__(
+        self,
+        store: MessageStore,
+        dispatcher: Dispatcher,
+        events: Events,
+        acl: Acl,
+        refusals: RefusalLog,
+        *,
+        address: str,
+        clock: WallClock,
+    ) -> None:
+        self.store = store
+        self.dispatcher = dispatcher
+        self.events = events
+        self.acl = acl
+        self.refusals = refusals
+        self.address = address
+        self.clock = clock
+
+    async def produce(self, requester: Requester, requests: Sequence[MessageReceived]) -> None:
+        """Validate, store, ack, then dispatch the messages of one read.
+
+        They are saved together (one fsync, one INSERT), and each is acked only once the
+        store has it. Acks go out before dispatch: with a window of sends in flight, how
+        fast a producer's next messages arrive depends on how soon its acks leave.
+        """
+        now = self.clock()
+        pending: list[tuple[int, MessageEntity, bytes]] = []
+        acl = self.acl if self.acl.restricts else None
+        for opaque, cmd, message, sent in requests:
+            entity = entity_from_wire(cmd, message)
+            try:
+                validate_message(entity, now)
+                if acl is not None and not acl.may_publish(requester.group, entity.topic):
+                    raise InvalidMessage(
+                        f"group {quote(requester.group)} may not publish to topic {quote(entity.topic)} "
+                        "([acl] publish)"
+                    )
+            except InvalidMessage as exc:
+                requester.store_ack(opaque, entity.message_id, False, str(exc))
+                continue
+            entity.created_at = now
+            entity.broker = self.address
+            if entity.fly:
+                entity.next_deliver_at = first_due(now, self.dispatcher.config.deliver_timeout, True)
+                requester.store_ack(opaque, entity.message_id, True, "FLY NO NEED SAVE")
+                self.dispatcher.submit(entity, sent)
+                continue
+            pending.append((opaque, entity, sent))
+        if not pending:
+            return
+        entities = [entity for _, entity, _ in pending]
+        deliver_now = self.dispatcher.admit(entities, now)
+        try:
+            started = time.perf_counter()
+            with trio.fail_after(STORE_TIMEOUT):
+                saved = await self.store.save_many(entities)
+            store_ms = round((time.perf_counter() - started) * 1000, 3)
+        except (StoreError, trio.TooSlowError) as exc:
+            log.warning("message.store_failed", conn=requester.peer, messages=len(entities), error=str(exc))
+            feedback = f"Store Result false: {exc or 'store timed out'}; resend the message"
+            for opaque, entity, _ in pending:
+                requester.store_ack(opaque, entity.message_id, False, feedback)
+            return
+        for (opaque, entity, _), stored in zip(pending, saved, strict=True):
+            requester.store_ack(opaque, entity.message_id, True, STORED if stored else STORED_BEFORE)
+        if len(pending) >= ACKS_FIRST:
+            # The producer's next sends wait on these acks: let them leave before the dispatch
+            # work below (and whatever else is runnable) delays them by milliseconds. Not a
+            # cancellation point: these messages are stored, so they are dispatched too.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        for (_, entity, sent), stored, now_or_later in zip(pending, saved, deliver_now, strict=True):
+            if not stored:
+                continue
+            groups = self.dispatcher.target_groups(entity) if self.events.recorded else None
+            self.events.emit("stored", entity, commit=entity.commit, groups=groups, store_ms=store_ms)
+            if entity.commit and now_or_later:
+                self.dispatcher.submit(entity, sent)
+
+    async def decide(self, requester: Requester, decision: TxDecision) -> None:
+        """Apply a producer's commit or rollback, if the message is of its own group."""
+        status = decision_of(decision.status)
+        if status is TxStatus.UNKNOWN:
+            return
+        entity: MessageEntity | None = None
+        try:
+            entity = await self.store.get(decision.message_id)
+            if entity is None:
+                self.refusals.refused(
+                    "tx.unknown_message", conn=requester.peer, message_id=quote(decision.message_id)
+                )
+                return
+            if entity.producer_group != decision.group:
+                self.refusals.refused(
+                    "tx.wrong_group",
+                    conn=requester.peer,
+                    group=quote(decision.group),
+                    producer_group=quote(entity.producer_group),
+                    message_id=entity.message_id,
+                    decision=status.name.lower(),
+                    detail="only a connection of the message's producer group may decide it",
+                )
+                return
+            await apply_decision(self.store, self.dispatcher, self.events, entity, status)
+        except StoreError as exc:
+            log.warning(
+                "tx.decision_failed",
+                conn=requester.peer,
+                message_id=entity.message_id if entity else quote(decision.message_id),
+                error=str(exc),
+                detail="the back-scan will ask again",
+            )

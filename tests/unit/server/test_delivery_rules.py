@@ -1,0 +1,309 @@
+"""The delivery and tx rules over an injected clock, with fake peers: no sockets, no real time.
+
+Rounds are driven through their transitions table by table; the dispatcher, the
+recover loop and the back-scan run on Trio's autojump clock, with the wall clock the
+rules read following it (`trio_wall_clock`), so minutes of retries take milliseconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+import trio
+import trio.testing
+
+from kiteq.config import DeliveryConfig, TxConfig
+from kiteq.registry.bindings import Binding
+from kiteq.server.clock import WallClock, trio_wall_clock
+from kiteq.server.delivery.dispatcher import Dispatcher
+from kiteq.server.delivery.lanes import Delivery
+from kiteq.server.delivery.recover import DUE_RESOLUTION, MAX_IDLE, MIN_GAP, RecoverLoop, RecoverSignal
+from kiteq.server.delivery.rounds import LEASE_FACTOR, Round, Verdict, first_due
+from kiteq.server.events import Events
+from kiteq.server.groups import GroupTable
+from kiteq.server.routing import Router
+from kiteq.server.tx.backscan import TxBackscan
+from kiteq.server.tx.checks import TxCheck
+from stores import MessageEntity
+from stores.memory import MemoryStore
+
+NOW = 1_800_000_000.0
+
+# -- rounds ---------------------------------------------------------------------------------
+
+
+def entity(**fields: object) -> MessageEntity:
+    e = MessageEntity(uuid.uuid4().hex, "t", "x", "p", b"body", expired_time=int(NOW) + 3600)
+    for key, value in fields.items():
+        setattr(e, key, value)
+    return e
+
+
+@pytest.mark.parametrize(
+    ("targets", "steps", "entity_fields", "verdict", "succ", "failed", "count"),
+    [
+        # Every group acked: finished, one more delivery counted.
+        (
+            {"a", "b"},
+            [("offered", "a"), ("offered", "b"), ("ok", "a"), ("ok", "b")],
+            {},
+            Verdict.FINISH,
+            ("a", "b"),
+            (),
+            1,
+        ),
+        # One failed: retried for it, the other is remembered as done.
+        (
+            {"a", "b"},
+            [("offered", "a"), ("offered", "b"), ("ok", "a"), ("fail", "b")],
+            {},
+            Verdict.RETRY,
+            ("a",),
+            ("b",),
+            1,
+        ),
+        # The last attempt failed: dead-lettered.
+        (
+            {"a"},
+            [("offered", "a"), ("fail", "a")],
+            {"deliver_limit": 3, "deliver_count": 2},
+            Verdict.DEAD,
+            (),
+            ("a",),
+            3,
+        ),
+        # Queued, never sent (group went offline), still leased: due again now.
+        (
+            {"a"},
+            [("offered", "a"), ("returned", "a")],
+            {"next_deliver_at": NOW + 10},
+            Verdict.REOFFER,
+            (),
+            (),
+            1,
+        ),
+        # A non-persistent group with nobody online is skipped: nothing else owed, finished.
+        ({"a"}, [("skipped", "a")], {}, Verdict.FINISH, ("a",), (), 0),
+        # Nothing sent, nothing changed, not leased: the store stays as it is.
+        ({"a"}, [], {"next_deliver_at": NOW - 1}, Verdict.UNCHANGED, (), (), 0),
+        # Past its expiry: dead-lettered whatever happened.
+        ({"a"}, [("offered", "a"), ("ok", "a")], {"expired_time": int(NOW) - 1}, Verdict.DEAD, ("a",), (), 1),
+    ],
+)
+def test_round_transitions(
+    targets: set[str],
+    steps: list[tuple[str, str]],
+    entity_fields: dict[str, object],
+    verdict: Verdict,
+    succ: tuple[str, ...],
+    failed: tuple[str, ...],
+    count: int,
+) -> None:
+    round_ = Round.of(entity(**entity_fields), frozenset(targets))
+    for step, group in steps:
+        if step in ("ok", "fail"):
+            round_.record(group, step == "ok", "" if step == "ok" else "nack")
+        else:
+            getattr(round_, step)(group)
+    assert round_.complete
+    outcome = round_.outcome(NOW)
+    assert (outcome.verdict, outcome.succ_groups, outcome.fail_groups, outcome.deliver_count) == (
+        verdict,
+        succ,
+        failed,
+        count,
+    )
+
+
+@pytest.mark.parametrize(("delivering", "due"), [(True, NOW + LEASE_FACTOR * 5.0), (False, NOW)])
+def test_a_fresh_message_is_leased_only_while_it_is_delivered(delivering: bool, due: float) -> None:
+    assert first_due(NOW, 5.0, delivering) == due
+
+
+# -- fake peers -----------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class FakePeer:
+    """A connection as delivery and the back-scan see it; records what it was sent, when."""
+
+    group: str
+    warmup_seconds: float = 0.0
+    authenticated_at: float = 0.0
+    alive: bool = True
+    sent: list[tuple[float, Delivery]] = field(default_factory=list)
+    asked: list[tuple[float, TxCheck]] = field(default_factory=list)
+    arrived: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def inflight(self) -> int:
+        return len(self.sent)
+
+    def deliver(self, delivery: Delivery, timeout: float) -> None:
+        self.sent.append((trio.current_time(), delivery))
+        self._arrive()
+
+    def ask(self, check: TxCheck, timeout: float) -> None:
+        self.asked.append((trio.current_time(), check))
+        self._arrive()
+
+    def _arrive(self) -> None:
+        self.arrived.set()
+        self.arrived = trio.Event()
+
+
+@dataclass
+class Parts:
+    store: MemoryStore
+    dispatcher: Dispatcher
+    recover: RecoverLoop
+    backscan: TxBackscan
+    groups: GroupTable
+    events: Events
+    clock: WallClock
+
+
+@pytest.fixture
+async def parts(autojump_clock: trio.testing.MockClock) -> AsyncIterator[Parts]:
+    """Dispatcher, recover loop and back-scan wired as the broker wires them, on the autojump clock."""
+    clock = trio_wall_clock(NOW)
+    delivery = DeliveryConfig(retry_base=0.2, retry_max=1.0, retry_jitter="none", recover_interval=0.1)
+    tx = TxConfig(tx_scan_interval=1.0, tx_check_after=2.0, tx_check_max=3)
+    store, router, groups, events = MemoryStore(), Router(), GroupTable(), Events()
+    bindings = [Binding.direct("t", "x", group="c")]
+    router.update(bindings)
+    signal = RecoverSignal(clock)
+    dispatcher = Dispatcher(
+        store,
+        router,
+        groups,
+        delivery,
+        events,
+        clock=clock,
+        on_capacity=signal.wake,
+        on_retry=signal.retry_at,
+    )
+    dispatcher.sync_lanes(bindings)
+    recover = RecoverLoop(store, dispatcher, delivery, signal)
+    backscan = TxBackscan(store, groups, tx, events, clock=clock)
+    async with store, trio.open_nursery() as nursery:
+        await nursery.start(dispatcher.run)
+        nursery.start_soon(recover.run)
+        nursery.start_soon(backscan.run)
+        yield Parts(store, dispatcher, recover, backscan, groups, events, clock)
+        nursery.cancel_scope.cancel()
+
+
+async def stored(parts: Parts, **fields: object) -> MessageEntity:
+    message = entity(created_at=parts.clock(), next_deliver_at=parts.clock(), **fields)
+    await parts.store.save(message)
+    return message
+
+
+async def next_delivery(peer: FakePeer, count: int) -> tuple[float, Delivery]:
+    while len(peer.sent) < count:
+        await peer.arrived.wait()
+    return peer.sent[count - 1]
+
+
+# -- the dispatcher and the recover loop --------------------------------------------------
+
+
+async def test_a_retry_runs_on_time_however_long_the_loop_idled(
+    parts: Parts, autojump_clock: trio.testing.MockClock
+) -> None:
+    """An idle recover loop waits longer and longer; a scheduled retry must still run on time."""
+    peer = FakePeer("c")
+    parts.groups.add(peer)
+    await trio.sleep(10 * MAX_IDLE)  # empty passes: the loop's idle wait has grown to MAX_IDLE
+    message = await stored(parts)
+    parts.dispatcher.submit(message)
+    first_at, first = await next_delivery(peer, 1)
+    first.resolve(False, "nack")
+    second_at, second = await next_delivery(peer, 2)
+    assert second.round.entity.deliver_count == 1
+    assert 0.2 <= second_at - first_at <= 0.2 + DUE_RESOLUTION + MIN_GAP, second_at - first_at
+    second.resolve(True)
+    while await parts.store.get(message.message_id) is not None:
+        await trio.sleep(0.01)
+    assert parts.events.total("finished") == 1
+
+
+async def test_backoff_grows_then_the_message_is_dead_lettered(
+    parts: Parts, autojump_clock: trio.testing.MockClock
+) -> None:
+    peer = FakePeer("c")
+    parts.groups.add(peer)
+    message = await stored(parts, deliver_limit=4)
+    parts.dispatcher.submit(message)
+    times = []
+    for attempt in range(1, 5):
+        at, delivery = await next_delivery(peer, attempt)
+        times.append(at)
+        delivery.resolve(False, "nack")
+    while parts.events.total("dead_lettered") == 0:
+        await trio.sleep(0.01)
+    gaps = [round(b - a, 1) for a, b in itertools.pairwise(times)]
+    assert gaps == [0.2, 0.4, 0.8], "retry_base doubling, no jitter"
+    dead = await parts.store.get(message.message_id)
+    assert dead is not None and dead.dead and dead.dead_reason == "deliver-limit"
+
+
+async def test_a_persistent_groups_messages_wait_for_it_to_come_online(
+    parts: Parts, autojump_clock: trio.testing.MockClock
+) -> None:
+    message = await stored(parts)
+    assert not parts.dispatcher.submit(message), "nobody online: not sent"
+    await trio.sleep(60)
+    assert parts.events.total("dropped") == 0
+    peer = FakePeer("c")
+    parts.groups.add(peer)
+    parts.recover.signal.wake()  # as the broker does when a connection authenticates
+    _, delivery = await next_delivery(peer, 1)
+    assert delivery.round.message_id == message.message_id
+
+
+# -- the back-scan ----------------------------------------------------------------------------
+
+
+async def test_an_undecided_transaction_is_asked_each_scan_then_dead_lettered(
+    parts: Parts, autojump_clock: trio.testing.MockClock
+) -> None:
+    producer, consumer = FakePeer("p"), FakePeer("c")
+    parts.groups.add(producer)
+    parts.groups.add(consumer)
+    message = await stored(parts, commit=False)
+    while len(producer.asked) < 3:
+        await producer.arrived.wait()
+        producer.asked[-1][1].resolve(True, "unknown")
+    gaps = [round(b[0] - a[0]) for a, b in itertools.pairwise(producer.asked)]
+    assert gaps == [1, 1], "once per tx_scan_interval"
+    while parts.events.total("dead_lettered") == 0:
+        await trio.sleep(0.1)
+    dead = await parts.store.get(message.message_id)
+    assert dead is not None and dead.dead_reason == "tx-unresolved"
+    assert consumer.sent == [], "an uncommitted message is never delivered"
+    assert parts.backscan.scans >= 3
+
+
+async def test_no_question_counts_while_no_producer_is_connected(
+    parts: Parts, autojump_clock: trio.testing.MockClock
+) -> None:
+    message = await stored(parts, commit=False)
+    await trio.sleep(100)  # a hundred scans with nobody to ask
+    assert parts.backscan.scans >= 90
+    waiting = await parts.store.get(message.message_id)
+    assert waiting is not None and waiting.deliver_count == 0 and not waiting.dead
+    assert parts.backscan.waiting == {"p": 1}
+    producer = FakePeer("p")
+    parts.groups.add(producer)
+    connected_at = trio.current_time()
+    parts.backscan.producer_connected("p")  # as the broker does when it authenticates
+    await producer.arrived.wait()
+    assert trio.current_time() - connected_at < 0.01, "asked at once, not at the next interval"
+    asked = await parts.store.get(message.message_id)
+    assert asked is not None and asked.deliver_count == 1
