@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench proto lint services clean
+.PHONY: run test bench bench-services proto lint services clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,18 +24,28 @@ services:
 			zookeeper mariadb-server chromium chromium-driver; \
 	fi
 
-test: $(STAMP) services
+test: $(STAMP) services lint
 	$(PY) -m pytest $(ARGS)
 
-bench: $(STAMP)
+# The versus_rabbitmq suite needs pika (setup.cfg's `bench` extra) and Debian's RabbitMQ;
+# it starts its own throwaway node.
+bench: $(STAMP) bench-services
+	$(PY) -c 'import pika' 2>/dev/null || $(PY) -m pip install -q -e '.[bench]'
 	$(PY) -m benchmarks $(ARGS)
 
+bench-services:
+	@if ! command -v rabbitmq-server >/dev/null; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q rabbitmq-server; \
+	fi
+
+# mypy checks the `files` that setup.cfg's [mypy] names.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I protocol --python_out=protocol --pyi_out=protocol protocol/kiteq.proto
 
 clean:
-	rm -rf $(VENV) data .pytest_cache
+	rm -rf $(VENV) data .pytest_cache .mypy_cache

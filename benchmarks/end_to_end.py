@@ -7,7 +7,8 @@ messages acked by the group per second, the median of 3 runs. Latency at half lo
 sends paced at half that median, 3 runs; each percentile is the median of the runs'.
 
 Variants: the memory and file stores; the file store with the broker's delivery log
-on (its cost is the difference to `file-batch`); the MySQL store on a local MariaDB
+on, and with TLS on the client port (trustme certificates made for the run; each
+one's cost is its difference to `file-batch`); the MySQL store on a local MariaDB
 master + replica started for the run (when mariadbd is installed).
 """
 
@@ -22,6 +23,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import structlog
@@ -31,16 +33,28 @@ from benchmarks.harness import Figure, percentile
 from kiteq import Binding, Consumer, Message, MessageListener, Producer
 from kiteq.gc_tuning import tune_gc
 from kiteq.logging import configure_logging
+from tests.certificates import make_certificates
 from tests.faults.resend import send_until_stored
 from tests.procs.broker import server_command
 from tests.services.ports import free_port, stop_process, wait_for_port
 
+
+@dataclass(frozen=True)
+class Variant:
+    """How the broker runs: its store, more flags (`{dir}` is the run's directory), TLS or not."""
+
+    store: str
+    flags: tuple[str, ...] = ()
+    tls: bool = False
+
+
 FILE_STORE = "file://{dir}/store?fsync=batch"
-VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "memory": ("memory://", ()),
-    "file-batch": (FILE_STORE, ()),
-    "file-batch+delivery-log": (FILE_STORE, ("--delivery-log", "{dir}/delivery.log")),
-    "mysql": ("{mysql}", ()),
+VARIANTS: dict[str, Variant] = {
+    "memory": Variant("memory://"),
+    "file-batch": Variant(FILE_STORE),
+    "file-batch+delivery-log": Variant(FILE_STORE, ("--delivery-log", "{dir}/delivery.log")),
+    "file-batch+tls": Variant(FILE_STORE, tls=True),
+    "mysql": Variant("{mysql}"),
 }
 WINDOW = 256
 log = structlog.get_logger(__name__)
@@ -66,14 +80,14 @@ def body() -> bytes:
     return struct.pack(">d", time.time()) + b"x" * 1016
 
 
-async def _drive(registry: str, count: int, rate: float | None) -> tuple[float, list[float]]:
+async def _drive(registry: str, count: int, rate: float | None, ca: str | None) -> tuple[float, list[float]]:
     clock = Clock()
     clock.expected = count
     binding = [Binding.direct("bench", "e2e", watermark=2000)]
     async with (
-        Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512),
-        Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512),
-        Producer(registry, group="source", topics=["bench"], send_timeout=30) as producer,
+        Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512, tls=ca),
+        Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512, tls=ca),
+        Producer(registry, group="source", topics=["bench"], send_timeout=30, tls=ca) as producer,
     ):
         await trio.sleep(1.0)
         started = time.perf_counter()
@@ -114,22 +128,23 @@ async def _pace(permits: trio.Semaphore, count: int, rate: float) -> None:
         permits.release()
 
 
-def _measure(store: str, extra: tuple[str, ...], count: int, rate: float | None) -> tuple[float, list[float]]:
+def _measure(variant: Variant, count: int, rate: float | None) -> tuple[float, list[float]]:
     workdir = Path(tempfile.mkdtemp(prefix="kiteq-bench-"))
     registry = f"file://{workdir}/registry.json?poll=0.1"
     port = free_port()
+    flags = [arg.format(dir=workdir) for arg in variant.flags]
+    ca = None
+    if variant.tls:
+        certificates = make_certificates(workdir)
+        ca = str(certificates.ca_pem)
+        flags += ["--tls-cert", str(certificates.cert), "--tls-key", str(certificates.key)]
     command = server_command(
-        f"127.0.0.1:{port}",
-        store.format(dir=workdir),
-        registry,
-        "--log-level",
-        "warning",
-        *(arg.format(dir=workdir) for arg in extra),
+        f"127.0.0.1:{port}", variant.store.format(dir=workdir), registry, "--log-level", "warning", *flags
     )
     proc = subprocess.Popen(command, cwd=workdir, env={**os.environ})
     try:
         wait_for_port(port)
-        return trio.run(_drive, registry, count, rate)
+        return trio.run(_drive, registry, count, rate, ca)
     finally:
         stop_process(proc)
 
@@ -139,13 +154,13 @@ def run(quick: bool) -> list[Figure]:
     tune_gc()  # the clients' process, tuned as the broker tunes its own
     count = 5_000 if quick else 50_000
     figures = []
-    for name, (store, extra) in VARIANTS.items():
-        if "{mysql}" not in store:
-            figures += _variant(name, store, extra, count, quick)
+    for name, variant in VARIANTS.items():
+        if "{mysql}" not in variant.store:
+            figures += _variant(name, variant, count, quick)
         elif shutil.which("mariadbd"):
             # Started for its own variant only: the other variants run without it on the cores.
             with _mysql_database() as mysql:
-                figures += _variant(name, mysql, extra, count, quick)
+                figures += _variant(name, replace(variant, store=mysql), count, quick)
     return figures
 
 
@@ -164,11 +179,11 @@ def _mysql_database() -> Iterator[str]:
         pair.close()
 
 
-def _variant(name: str, store: str, extra: tuple[str, ...], count: int, quick: bool) -> list[Figure]:
+def _variant(name: str, variant: Variant, count: int, quick: bool) -> list[Figure]:
     repeats = 1 if quick else 3
     throughputs, latencies = [], []
     for _ in range(repeats):
-        rate, lat = _measure(store, extra, count, None)
+        rate, lat = _measure(variant, count, None)
         throughputs.append(rate)
         latencies.append(lat)
     best = sorted(throughputs)[len(throughputs) // 2]
@@ -180,7 +195,7 @@ def _variant(name: str, store: str, extra: tuple[str, ...], count: int, quick: b
         Figure("end_to_end", f"latency p99 at full load ({name})", percentile(all_lat, 99), "ms", params),
     ]
     half = best / 2
-    half_runs = [_measure(store, extra, min(count, int(half * 10)), half)[1] for _ in range(repeats)]
+    half_runs = [_measure(variant, min(count, int(half * 10)), half)[1] for _ in range(repeats)]
     half_params = {**params, "offered_rate": round(half)}
     for quantile in (50, 99):
         per_run = [percentile(run_lat, quantile) for run_lat in half_runs]

@@ -24,7 +24,7 @@ from kiteq import Binding, Message, sync
 from kiteq.logging import configure_logging
 
 
-async def main(registry: str, count: int) -> None:
+async def main(registry: str, count: int, tls: str | None) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -62,11 +62,12 @@ async def main(registry: str, count: int) -> None:
             bindings=[Binding.direct("trade", "pay-succ")],
             listener=on_message,
             message_timeout=30,
+            tls=tls,
         )
     )
     # Its own group: the broker delivers a group's messages on any of its connections.
     producer = await asyncio.to_thread(
-        partial(sync.Producer, registry, group="receipt-out", topics=["trade"])
+        partial(sync.Producer, registry, group="receipt-out", topics=["trade"], tls=tls)
     )
     connected.set_result(producer)
     print("receipt service ready", flush=True)
@@ -83,8 +84,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--registry", default="file://./data/registry.json")
     parser.add_argument(
+        "--tls-ca", help="the CA file of a TLS broker's certificate (kiteq-server --tls-cert)"
+    )
+    parser.add_argument(
         "--count", type=int, default=0, help="stop after this many payments (0: run until Ctrl-C)"
     )
     args = parser.parse_args()
     configure_logging("warning")
-    asyncio.run(main(args.registry, args.count))
+    asyncio.run(main(args.registry, args.count, args.tls_ca))

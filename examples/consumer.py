@@ -24,9 +24,9 @@ class PrintingListener(MessageListener):
         return True  # ack; False (or an exception) asks the broker to deliver it again later
 
 
-async def main(registry: str, group: str) -> None:
+async def main(registry: str, group: str, tls: str | None) -> None:
     bindings = [Binding.direct("trade", "pay-succ", watermark=100)]
-    async with Consumer(registry, group=group, bindings=bindings, listener=PrintingListener()):
+    async with Consumer(registry, group=group, bindings=bindings, listener=PrintingListener(), tls=tls):
         print(f"consumer group {group!r} bound to trade/pay-succ; waiting for messages", flush=True)
         await trio.sleep_forever()
 
@@ -34,8 +34,11 @@ async def main(registry: str, group: str) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--registry", default="file://./data/registry.json")
+    parser.add_argument(
+        "--tls-ca", help="the CA file of a TLS broker's certificate (kiteq-server --tls-cert)"
+    )
     parser.add_argument("--group", default="sms-svc")
     args = parser.parse_args()
     configure_logging("warning")
     with contextlib.suppress(KeyboardInterrupt):
-        trio.run(main, args.registry, args.group)
+        trio.run(main, args.registry, args.group, args.tls_ca)

@@ -50,11 +50,14 @@ def create_app(producer: sync.Producer) -> Flask:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--registry", default="file://./data/registry.json")
+    parser.add_argument(
+        "--tls-ca", help="the CA file of a TLS broker's certificate (kiteq-server --tls-cert)"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
     configure_logging("warning")
-    with sync.Producer(args.registry, group="order-svc", topics=["trade"]) as producer:
+    with sync.Producer(args.registry, group="order-svc", topics=["trade"], tls=args.tls_ca) as producer:
         # Flask's development server, one thread per request; Ctrl-C stops it, then the
         # `with` closes the producer.
         create_app(producer).run(args.host, args.port, threaded=True)

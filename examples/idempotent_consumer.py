@@ -65,16 +65,18 @@ def balance(engine: Engine) -> int:
         return connection.execute(select(accounts.c.balance).where(accounts.c.id == "main")).scalar_one()
 
 
-async def main(registry: str, database: Path, send: int, lose_first_ack: bool) -> None:
+async def main(registry: str, database: Path, send: int, lose_first_ack: bool, tls: str | None) -> None:
     engine = await trio.to_thread.run_sync(open_bank, database)
     idempotent = IdempotentListener(deposit, engine, scope="bank-svc")
     listener = LoseFirstAck(idempotent) if lose_first_ack else idempotent
     bindings = [Binding.direct("bank", "deposit")]
-    async with Consumer(registry, group="bank-svc", bindings=bindings, listener=listener) as consumer:
+    async with Consumer(
+        registry, group="bank-svc", bindings=bindings, listener=listener, tls=tls
+    ) as consumer:
         print(f"consuming bank/deposit; balance {await trio.to_thread.run_sync(balance, engine)}", flush=True)
         if not send:
             await trio.sleep_forever()
-        async with Producer(registry, group="teller", topics=["bank"]) as producer:
+        async with Producer(registry, group="teller", topics=["bank"], tls=tls) as producer:
             for amount in range(1, send + 1):
                 await producer.send_string("bank", "deposit", str(amount))
         with trio.fail_after(60):
@@ -91,6 +93,9 @@ async def main(registry: str, database: Path, send: int, lose_first_ack: bool) -
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--registry", default="file://./data/registry.json")
+    parser.add_argument(
+        "--tls-ca", help="the CA file of a TLS broker's certificate (kiteq-server --tls-cert)"
+    )
     parser.add_argument("--database", type=Path, default=Path("./data/bank.sqlite"))
     parser.add_argument(
         "--send", type=int, default=0, help="send deposits of 1..N, then stop once all are acked"
@@ -102,4 +107,4 @@ if __name__ == "__main__":
     args.database.parent.mkdir(parents=True, exist_ok=True)
     configure_logging("error")
     with contextlib.suppress(KeyboardInterrupt):
-        trio.run(main, args.registry, args.database, args.send, args.lose_first_ack)
+        trio.run(main, args.registry, args.database, args.send, args.lose_first_ack, args.tls_ca)

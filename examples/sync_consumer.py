@@ -14,7 +14,7 @@ from kiteq import Binding, Message, sync
 from kiteq.logging import configure_logging
 
 
-def main(registry: str, group: str, count: int) -> None:
+def main(registry: str, group: str, count: int, tls: str | None) -> None:
     enough = threading.Event()
     lock = threading.Lock()
     received = 0
@@ -35,7 +35,7 @@ def main(registry: str, group: str, count: int) -> None:
 
     bindings = [Binding.direct("trade", "pay-succ", watermark=100)]
     with sync.Consumer(
-        registry, group=group, bindings=bindings, listener=handle, max_concurrency=8
+        registry, group=group, bindings=bindings, listener=handle, max_concurrency=8, tls=tls
     ) as consumer:
         print(f"consumer group {group!r} bound to trade/pay-succ; waiting for messages", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
@@ -47,10 +47,13 @@ def main(registry: str, group: str, count: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--registry", default="file://./data/registry.json")
+    parser.add_argument(
+        "--tls-ca", help="the CA file of a TLS broker's certificate (kiteq-server --tls-cert)"
+    )
     parser.add_argument("--group", default="sms-svc")
     parser.add_argument(
         "--count", type=int, default=0, help="stop after this many messages (0: run until Ctrl-C)"
     )
     args = parser.parse_args()
     configure_logging("warning")
-    main(args.registry, args.group, args.count)
+    main(args.registry, args.group, args.count, args.tls_ca)

@@ -59,10 +59,10 @@ class OrderCheck(CheckMessageListener):
         return TxStatus.COMMIT if self.orders.committed(message.message_id) else TxStatus.ROLLBACK
 
 
-async def main(registry: str, database: Path, count: int, fail_every: int) -> None:
+async def main(registry: str, database: Path, count: int, fail_every: int, tls: str | None) -> None:
     orders = OrderTable(database)
     async with Producer(
-        registry, group="order-svc", topics=["trade"], check_listener=OrderCheck(orders)
+        registry, group="order-svc", topics=["trade"], check_listener=OrderCheck(orders), tls=tls
     ) as producer:
         for order_id in range(1, count + 1):
             fail = fail_every > 0 and order_id % fail_every == 0
@@ -78,10 +78,13 @@ async def main(registry: str, database: Path, count: int, fail_every: int) -> No
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--registry", default="file://./data/registry.json")
+    parser.add_argument(
+        "--tls-ca", help="the CA file of a TLS broker's certificate (kiteq-server --tls-cert)"
+    )
     parser.add_argument("--database", type=Path, default=Path("./data/orders.sqlite"))
     parser.add_argument("--orders", type=int, default=3)
     parser.add_argument("--fail-every", type=int, default=0, help="make every Nth local transaction fail")
     args = parser.parse_args()
     args.database.parent.mkdir(parents=True, exist_ok=True)
     configure_logging("warning")
-    trio.run(main, args.registry, args.database, args.orders, args.fail_every)
+    trio.run(main, args.registry, args.database, args.orders, args.fail_every, args.tls_ca)

@@ -1,7 +1,8 @@
 """Broker configuration: typed dataclasses, loaded from TOML, overridden by flags.
 
 Every key of `kiteq.toml` (docs/design.md, "Configuration") lives here with its
-default. A bad value stops the broker at start with a ConfigError naming the key
+default and a one-sentence description; kiteq-server makes its flags from them. A bad
+value stops the broker at start with a ConfigError naming the key
 (`[delivery] retry_base: ...`).
 """
 
@@ -11,67 +12,110 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, get_type_hints
 
 from kiteq.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def setting(default: T, doc: str, **metadata: object) -> T:
+    """A key with its default and the one sentence `kiteq-server --help` shows for it.
+
+    `metadata` may add `choices` (the values a flag accepts) and `secret=True` (the key is
+    read from the file only: a command line shows in `ps` and shell history).
+    """
+    return field(default=default, metadata={"doc": doc, **metadata})
 
 
 @dataclass
 class ServerConfig:
-    bind: str = "127.0.0.1:13800"
-    admin_bind: str = "127.0.0.1:13801"
-    store: str = "file://./data/store"
-    registry: str = "file://./data/registry.json"
-    delivery_log: str = ""
-    delivery_log_max_bytes: int = 64 * 1024 * 1024
-    max_frame_bytes: int = 2 * 1024 * 1024
-    topics: list[str] = field(default_factory=list)
-    max_connections: int = 10_000
-    max_inflight_per_connection: int = 4096
-    idle_timeout: float = 60.0
-    handshake_timeout: float = 10.0
+    bind: str = setting("127.0.0.1:13800", "host:port the broker serves clients on.")
+    admin_bind: str = setting("127.0.0.1:13801", "host:port of the admin HTTP endpoint; empty disables it.")
+    store: str = setting(
+        "file://./data/store",
+        "Where messages are kept: memory://, file://DIR[?fsync=always|batch|never] or mysql://….",
+    )
+    registry: str = setting(
+        "file://./data/registry.json",
+        "Where brokers and clients meet: file://PATH.json or zk://host:port[,host:port][/chroot].",
+    )
+    delivery_log: str = setting("", "Path of the JSON-lines delivery log (for kiteq-reconcile); empty = off.")
+    delivery_log_max_bytes: int = setting(
+        64 * 1024 * 1024, "Size at which the delivery log rotates to PATH.1."
+    )
+    max_frame_bytes: int = setting(2 * 1024 * 1024, "Largest frame the broker reads, in bytes.")
+    topics: list[str] = field(
+        default_factory=list,
+        metadata={
+            "doc": "Topics served besides those that have bindings (the flag repeats).",
+            "flag": "topic",
+        },
+    )
+    max_connections: int = setting(10_000, "Client connections open at once.")
+    max_inflight_per_connection: int = setting(
+        4096, "Requests being stored per connection before the broker stops reading it."
+    )
+    idle_timeout: float = setting(60.0, "Seconds without a frame before a connection is closed.")
+    handshake_timeout: float = setting(10.0, "Seconds a new connection has to authenticate.")
     # Before a connection has authenticated it may send one frame, a ConnMeta of at most
     # this many bytes: a peer that has proved nothing gets no megabyte buffers.
-    pre_auth_max_bytes: int = 4096
+    pre_auth_max_bytes: int = setting(
+        4096, "Largest frame (the ConnMeta) read before a connection authenticated."
+    )
     # Unauthenticated connections, in all and per address. When either is full the oldest
     # unauthenticated one makes room, so a flood of silent peers cannot lock clients out.
-    max_unauthenticated: int = 1024
-    max_unauthenticated_per_address: int = 64
-    log_level: str = "info"
-    log_format: str = "console"
-    admin_token: str = ""
-    adopt_after: float = 60.0
+    max_unauthenticated: int = setting(1024, "Unauthenticated connections open at once.")
+    max_unauthenticated_per_address: int = setting(
+        64, "Unauthenticated connections open at once from one address."
+    )
+    log_level: str = setting(
+        "info", "Least severe log level written.", choices=("debug", "info", "warning", "error")
+    )
+    log_format: str = setting("console", "Log lines for people or for machines.", choices=("console", "json"))
+    admin_token: str = setting("", "Bearer token the admin endpoint's mutating routes require.", secret=True)
+    adopt_after: float = setting(
+        60.0, "Shared (mysql) store: seconds before taking over a broker gone from the registry."
+    )
 
 
 @dataclass
 class DeliveryConfig:
-    deliver_timeout: float = 5.0
-    retry_base: float = 1.0
-    retry_max: float = 300.0
-    retry_jitter: str = "full"
-    recover_interval: float = 1.0
-    recover_page: int = 500
-    lane_capacity: int = 4096
+    deliver_timeout: float = setting(5.0, "Seconds a consumer has to answer a delivery before it is retried.")
+    retry_base: float = setting(
+        1.0, "Backoff of the n-th retry: uniform(0, min(retry_max, retry_base * 2^(n-1))) s."
+    )
+    retry_max: float = setting(300.0, "Longest backoff between retries, in seconds.")
+    retry_jitter: str = setting(
+        "full", "full: a random backoff up to the bound; none: the bound.", choices=("full", "none")
+    )
+    recover_interval: float = setting(1.0, "Seconds between looks in the store for messages due again.")
+    recover_page: int = setting(500, "Messages read from the store per page of such a look.")
+    lane_capacity: int = setting(4096, "Deliveries queued per (topic, group) lane.")
 
 
 @dataclass
 class TxConfig:
-    tx_scan_interval: float = 5.0
-    tx_check_after: float = 10.0
-    tx_check_max: int = 15
-    tx_check_inflight: int = 64
-    tx_check_rate: float = 500.0
-    tx_check_timeout: float = 5.0
+    tx_scan_interval: float = setting(5.0, "Seconds between scans for uncommitted transactional messages.")
+    tx_check_after: float = setting(
+        10.0, "Age in seconds at which an uncommitted message's producer group is asked to decide it."
+    )
+    tx_check_max: int = setting(
+        15, "Questions before an undecided message is dead-lettered as tx-unresolved."
+    )
+    tx_check_inflight: int = setting(64, "Questions in flight per producer group.")
+    tx_check_rate: float = setting(500.0, "Questions per second per producer group.")
+    tx_check_timeout: float = setting(5.0, "Seconds to wait for a producer's answer to a question.")
 
 
 @dataclass
 class TlsConfig:
     """TLS on the client port and the admin endpoint; off while `cert` is empty."""
 
-    cert: str = ""
-    key: str = ""
-    ca: str = ""
-    require_client_cert: bool = False
+    cert: str = setting("", "PEM certificate chain of the broker; setting it turns TLS on.")
+    key: str = setting("", "PEM private key of the certificate.")
+    ca: str = setting("", "PEM CA that signs client certificates (mutual TLS).")
+    require_client_cert: bool = setting(False, "Refuse clients without a certificate signed by the CA.")
 
     @property
     def enabled(self) -> bool:
@@ -135,6 +179,17 @@ class BrokerConfig:
         if self.tls.ca and not self.tls.enabled:
             raise ConfigError("[tls] ca: needs [tls] cert and key (the broker's own certificate)")
         return self
+
+
+def table_keys() -> list[tuple[str, dataclasses.Field[Any], Any]]:
+    """(section, key, the key's type) for the sections that are tables of keys: all but [auth], [acl]."""
+    return [
+        (section, key, hints[key.name])
+        for section, kind in get_type_hints(BrokerConfig).items()
+        if dataclasses.is_dataclass(kind)
+        for hints in [get_type_hints(kind)]
+        for key in dataclasses.fields(kind)
+    ]
 
 
 def _check_address(key: str, value: str) -> None:

@@ -16,7 +16,7 @@ import atexit
 import inspect
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from functools import partial
 from types import TracebackType
@@ -31,8 +31,8 @@ from kiteq.client import Message, SendResult
 from kiteq.client import MessageListener as AsyncMessageListener
 from kiteq.client import Producer as AsyncProducer
 from kiteq.client.base import Client
+from kiteq.client.options import ConsumerOptions, ProducerOptions, keyword_options
 from kiteq.errors import KiteQError, leaf_error
-from kiteq.registry import Binding
 from protocol import TxStatus
 
 log = structlog.get_logger(__name__)
@@ -225,35 +225,17 @@ class _Blocking(Generic[C]):
 class Producer(_Blocking[AsyncProducer]):
     """Blocking kiteq.Producer; one instance serves every thread of the process.
 
-    Connects on construction (raises AuthError if refused). Every method blocks
+    Connects on construction (raises AuthError or TLSError if refused). Every method blocks
     the calling thread only, and raises what the async method raises (SendError).
     """
 
-    def __init__(
-        self,
-        registry: str,
-        *,
-        group: str,
-        secret: str = "",
-        topics: Iterable[str],
-        check_listener: Checker | None = None,
-        send_timeout: float = 3.0,
-        connect_timeout: float = 10.0,
-        delivery_log: str | None = None,
-    ) -> None:
-        topics = list(topics)
+    @keyword_options(ProducerOptions[Checker])
+    def __init__(self, registry: str, options: ProducerOptions[Checker]) -> None:
+        checker = options.check_listener
+        check_listener = _CheckInThread(checker) if checker is not None else None
         self._start(
-            lambda: AsyncProducer(
-                registry,
-                group=group,
-                secret=secret,
-                topics=topics,
-                check_listener=_CheckInThread(check_listener) if check_listener is not None else None,
-                send_timeout=send_timeout,
-                connect_timeout=connect_timeout,
-                delivery_log=delivery_log,
-            ),
-            f"kiteq-producer-{group}",
+            lambda: AsyncProducer(registry, **{**vars(options), "check_listener": check_listener}),
+            f"kiteq-producer-{options.group}",
         )
 
     def send(self, message: Message) -> str:
@@ -308,39 +290,17 @@ class Consumer(_Blocking[AsyncConsumer]):
     their acks are sent first).
     """
 
-    def __init__(
-        self,
-        registry: str,
-        *,
-        group: str,
-        secret: str = "",
-        bindings: Iterable[Binding],
-        listener: Handler | AsyncMessageListener,
-        max_concurrency: int = 64,
-        message_timeout: float | None = None,
-        warmup_seconds: int = 0,
-        connect_timeout: float = 10.0,
-        drain_timeout: float = 30.0,
-        delivery_log: str | None = None,
-    ) -> None:
-        bindings = list(bindings)
+    @keyword_options(ConsumerOptions[Handler | AsyncMessageListener])
+    def __init__(self, registry: str, options: ConsumerOptions[Handler | AsyncMessageListener]) -> None:
+        handler = options.listener
+        listener = (
+            handler
+            if isinstance(handler, AsyncMessageListener)
+            else _InThreads(handler, options.max_concurrency)
+        )
         self._start(
-            lambda: AsyncConsumer(
-                registry,
-                group=group,
-                secret=secret,
-                bindings=bindings,
-                listener=listener
-                if isinstance(listener, AsyncMessageListener)
-                else _InThreads(listener, max_concurrency),
-                max_concurrency=max_concurrency,
-                message_timeout=message_timeout,
-                warmup_seconds=warmup_seconds,
-                connect_timeout=connect_timeout,
-                drain_timeout=drain_timeout,
-                delivery_log=delivery_log,
-            ),
-            f"kiteq-consumer-{group}",
+            lambda: AsyncConsumer(registry, **{**vars(options), "listener": listener}),
+            f"kiteq-consumer-{options.group}",
         )
 
     @property

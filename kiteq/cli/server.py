@@ -4,15 +4,20 @@ registry under ./data. SIGTERM and SIGINT stop it cleanly."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import signal
 import sys
+from collections import Counter, defaultdict
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 import structlog
 import trio
 
-from kiteq.config import load_config
+from kiteq.config import BrokerConfig, load_config, table_keys
 from kiteq.errors import KiteQError, leaf_error
 from kiteq.gc_tuning import tune_gc
 from kiteq.logging import configure_logging
@@ -20,50 +25,77 @@ from kiteq.server.broker import Broker
 
 log = structlog.get_logger(__name__)
 
-# flag -> (section, key); each overrides the config file.
-FLAGS: dict[str, tuple[str, str]] = {
-    "bind": ("server", "bind"),
-    "admin_bind": ("server", "admin_bind"),
-    "store": ("server", "store"),
-    "registry": ("server", "registry"),
-    "delivery_log": ("server", "delivery_log"),
-    "max_frame_bytes": ("server", "max_frame_bytes"),
-    "log_level": ("server", "log_level"),
-    "log_format": ("server", "log_format"),
-    "adopt_after": ("server", "adopt_after"),
-    "deliver_timeout": ("delivery", "deliver_timeout"),
-    "retry_base": ("delivery", "retry_base"),
-    "retry_max": ("delivery", "retry_max"),
-    "tx_scan_interval": ("tx", "tx_scan_interval"),
-    "tx_check_after": ("tx", "tx_check_after"),
-    "tx_check_max": ("tx", "tx_check_max"),
-}
+# Sections made of keys too generic to be flags alone (`--cert`, `--key`): their flags carry
+# the section's name, as do keys that two sections share.
+PREFIXED = ("tls",)
+
+FILE_ONLY = (
+    "[auth], [acl.GROUP] and the secret keys ({secrets}) are read from --config only: "
+    "a command line shows in `ps` and in shell history."
+)
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="kiteq-server", description=__doc__)
-    parser.add_argument("--config", type=Path, help="TOML file (see README); flags override it")
-    parser.add_argument("--bind", help="host:port for clients (default 127.0.0.1:13800)")
-    parser.add_argument("--admin-bind", help="host:port of the admin HTTP endpoint; '' disables it")
-    parser.add_argument(
-        "--store", help="memory:// | file://DIR[?fsync=batch] | mysql://user:pass@host:port/db"
+def config_flags() -> list[tuple[str, str, dataclasses.Field[Any], Any]]:
+    """(flag, section, key, type) for every key of the config's tables but the secret ones."""
+    keys = table_keys()
+    shared = {name for name, count in Counter(key.name for _, key, _ in keys).items() if count > 1}
+    return [
+        (
+            (f"{section}-" if section in PREFIXED or key.name in shared else "")
+            + key.metadata.get("flag", key.name).replace("_", "-"),
+            section,
+            key,
+            kind,
+        )
+        for section, key, kind in keys
+        if not key.metadata.get("secret")
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`--config`, then one flag per key, grouped by section; each flag overrides the file."""
+    secrets = ", ".join(
+        f"[{section}] {key.name}" for section, key, _ in table_keys() if key.metadata.get("secret")
     )
-    parser.add_argument("--registry", help="file://PATH.json | zk://host:port[,host:port][/chroot]")
-    parser.add_argument("--delivery-log", help="write the delivery log (JSON lines) to this path")
-    parser.add_argument("--topic", dest="topics", action="append", help="serve this topic (repeatable)")
-    parser.add_argument("--max-frame-bytes", type=int)
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", choices=["console", "json"])
-    parser.add_argument(
-        "--adopt-after", type=float, help="take over a dead broker's rows in a shared store after N s"
+    parser = argparse.ArgumentParser(
+        prog="kiteq-server",
+        usage="%(prog)s [--config FILE] [--KEY VALUE ...]",
+        description=__doc__,
+        epilog=FILE_ONLY.format(secrets=secrets),
     )
-    parser.add_argument("--deliver-timeout", type=float)
-    parser.add_argument("--retry-base", type=float)
-    parser.add_argument("--retry-max", type=float)
-    parser.add_argument("--tx-scan-interval", type=float)
-    parser.add_argument("--tx-check-after", type=float)
-    parser.add_argument("--tx-check-max", type=int)
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE", help="TOML file (see README); flags override it"
+    )
+    defaults = BrokerConfig()
+    for section, flags in groupby(config_flags(), key=itemgetter(1)):
+        group = parser.add_argument_group(f"[{section}]")
+        for flag, _, key, kind in flags:
+            default = json.dumps(getattr(getattr(defaults, section), key.name))
+            options: dict[str, Any] = {
+                "dest": f"{section}.{key.name}",
+                "help": f"{key.metadata['doc']} (default: {default})".replace("%", "%%"),
+            }
+            if kind is bool:
+                options["action"] = argparse.BooleanOptionalAction
+            elif get_origin(kind) is list:
+                options.update(action="append", metavar=flag.upper())
+            elif "choices" in key.metadata:
+                options.update(choices=key.metadata["choices"])
+            else:
+                options.update(type=kind, metavar=kind.__name__.upper())
+            group.add_argument(f"--{flag}", **options)
+    return parser
+
+
+def config_from_argv(argv: list[str] | None) -> BrokerConfig:
+    """Defaults, then the --config file, then the flags given; ConfigError names a bad key."""
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, dict[str, Any]] = defaultdict(dict)
+    for dest, value in vars(args).items():
+        section, dot, key = dest.partition(".")
+        if dot:
+            overrides[section][key] = value
+    return load_config(args.config, overrides)
 
 
 async def serve(broker: Broker) -> None:
@@ -82,14 +114,8 @@ async def _stop_on_signal(broker: Broker) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    overrides: dict[str, dict[str, Any]] = {"server": {}, "delivery": {}, "tx": {}}
-    for flag, (section, key) in FLAGS.items():
-        overrides[section][key] = getattr(args, flag)
-    if args.topics:
-        overrides["server"]["topics"] = args.topics
     try:
-        config = load_config(args.config, overrides)
+        config = config_from_argv(argv)
         configure_logging(config.server.log_level, config.server.log_format)
         tune_gc()
         trio.run(serve, Broker(config))

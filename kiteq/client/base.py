@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Self
 
@@ -13,9 +14,11 @@ import trio
 
 from kiteq.client.brokers import BrokerPool
 from kiteq.client.connection import ClientConnection, Credentials
+from kiteq.client.options import ClientOptions
 from kiteq.delivery_log import DeliveryLog
 from kiteq.errors import KiteQError, leaf_error
 from kiteq.registry import Registry, open_registry
+from kiteq.tls import client_context
 from protocol import Frame
 
 log = structlog.get_logger(__name__)
@@ -31,20 +34,22 @@ class Client:
     role = "client"
 
     def __init__(
-        self,
-        registry: str | Registry,
-        credentials: Credentials,
-        topics: list[str],
-        connect_timeout: float,
-        delivery_log: str | None,
+        self, registry: str | Registry, options: ClientOptions, topics: Iterable[str], warmup_seconds: int = 0
     ) -> None:
         self.registry = open_registry(registry) if isinstance(registry, str) else registry
-        self.credentials = credentials
-        self.group = credentials.group
+        self.options = options
+        self.group = options.group
         self.topics = sorted(set(topics))
-        self.connect_timeout = connect_timeout
-        self.pool = BrokerPool(self.registry, self.topics, credentials, self._on_request, self._answers_due)
-        self.delivery_log = DeliveryLog(delivery_log, self.role) if delivery_log else None
+        # Converted once, so a bad CA file fails here and every connection shares one context.
+        self.pool = BrokerPool(
+            self.registry,
+            self.topics,
+            Credentials(options.group, options.secret, warmup_seconds),
+            self._on_request,
+            self._answers_due,
+            tls=client_context(options.tls),
+        )
+        self.delivery_log = DeliveryLog(options.delivery_log, self.role) if options.delivery_log else None
         self.address = f"{socket.gethostname()}:{os.getpid()}:{id(self) & 0xFFFF:x}"
         self._nursery: trio.Nursery | None = None
         self._stack: contextlib.AsyncExitStack | None = None
@@ -56,7 +61,7 @@ class Client:
         return self._nursery
 
     async def __aenter__(self) -> Self:
-        """Connect; raises AuthError if a broker refuses the credentials (not an ExceptionGroup)."""
+        """Connect; raises AuthError or TLSError if a broker refuses us (not an ExceptionGroup)."""
         try:
             await self._enter()
         except BaseExceptionGroup as group:
@@ -75,7 +80,7 @@ class Client:
                 self._nursery.start_soon(self.delivery_log.run)
             await self._started()
             await self._nursery.start(self.pool.run)
-            if not await self.pool.wait_connected(self.connect_timeout):
+            if not await self.pool.wait_connected(self.options.connect_timeout):
                 log.warning(
                     f"{self.role}.not_connected", topics=self.topics, detail="still trying in the background"
                 )

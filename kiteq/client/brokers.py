@@ -8,13 +8,14 @@ leaves the registry. Sends pick a live connection for the topic at random.
 from __future__ import annotations
 
 import random
+import ssl
 from collections.abc import Callable, Iterable
 
 import structlog
 import trio
 
 from kiteq.client.connection import ClientConnection, Credentials, RequestHandler
-from kiteq.errors import AuthError, ConnectionClosed, SendError, leaf_error
+from kiteq.errors import AuthError, ConnectionClosed, SendError, TLSError, leaf_error
 from kiteq.registry import Registry
 
 log = structlog.get_logger(__name__)
@@ -31,18 +32,21 @@ class BrokerPool:
         credentials: Credentials,
         on_request: RequestHandler | None = None,
         answers_due: Callable[[], int] = lambda: 0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.registry = registry
         self.topics = sorted(set(topics))
         self.credentials = credentials
         self.on_request = on_request
         self.answers_due = answers_due
+        self.tls = tls
         self.servers: dict[str, list[str]] = {}
         self.connections: dict[str, ClientConnection] = {}
         self._links: dict[str, trio.CancelScope] = {}
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self.auth_error: AuthError | None = None
+        # A refusal that retrying as is cannot fix (credentials, certificates): raised to callers.
+        self.refused: AuthError | TLSError | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -51,7 +55,7 @@ class BrokerPool:
                 await nursery.start(self.registry.watch_servers, topic, self._servers_changed(topic))
             task_status.started()
 
-    def _servers_changed(self, topic: str):  # type: ignore[no-untyped-def]
+    def _servers_changed(self, topic: str) -> Callable[[list[str]], None]:
         def on_change(addresses: list[str]) -> None:
             self.servers[topic] = list(addresses)
             wanted = {a for addrs in self.servers.values() for a in addrs}
@@ -70,14 +74,14 @@ class BrokerPool:
         with scope:
             while True:
                 connection = ClientConnection(
-                    address, self.credentials, self.on_request, answers_due=self.answers_due
+                    address, self.credentials, self.on_request, answers_due=self.answers_due, tls=self.tls
                 )
                 try:
                     await self._serve(address, connection)
                     delay = RECONNECT_BASE
-                except* AuthError as group:
-                    self.auth_error = leaf_error(group, (AuthError,))  # type: ignore[assignment]
-                    log.error("client.auth_refused", broker=address, error=str(self.auth_error))
+                except* (AuthError, TLSError) as group:
+                    self.refused = leaf_error(group, (AuthError, TLSError))  # type: ignore[assignment]
+                    log.error("client.refused", broker=address, error=str(self.refused))
                     self._notify()
                 except* (OSError, trio.TooSlowError, ConnectionClosed) as group:
                     error = leaf_error(group, (OSError, trio.TooSlowError, ConnectionClosed))
@@ -117,9 +121,9 @@ class BrokerPool:
         raise SendError(f"no broker serving topic {topic!r} is reachable (registry {self.registry.uri})")
 
     def _pick(self, topic: str) -> ClientConnection | None:
-        """A random live connection for `topic`, None if there is none; raises a refused login."""
-        if self.auth_error is not None:
-            raise self.auth_error
+        """A random live connection for `topic`, None if there is none; raises a refusal."""
+        if self.refused is not None:
+            raise self.refused
         live = self.live(topic)
         return random.choice(live) if live else None
 
@@ -142,8 +146,8 @@ class BrokerPool:
         """True once every topic has a live broker connection (or False after `timeout`)."""
         with trio.move_on_after(timeout):
             while not all(self.live(topic) for topic in self.topics):
-                if self.auth_error is not None:
-                    raise self.auth_error
+                if self.refused is not None:
+                    raise self.refused
                 await self._changed.wait()
             return True
         return False

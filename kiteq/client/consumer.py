@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Iterable
 
 import structlog
 import trio
 
 from kiteq.budget import Budget
 from kiteq.client.base import Client
-from kiteq.client.connection import ClientConnection, Credentials
+from kiteq.client.connection import ClientConnection
 from kiteq.client.listeners import MessageListener
 from kiteq.client.message import Message
+from kiteq.client.options import ConsumerOptions, keyword_options
 from kiteq.errors import ConnectionClosed
 from kiteq.registry import Binding, Registry
 from protocol import MESSAGE_CMDS, Cmd, Frame, pb
@@ -36,38 +36,18 @@ class Consumer(Client):
     per delivery showed as a tenth of a busy consumer's CPU. A listener that exceeds
     `message_timeout` is abandoned and the message nacked. On exit the consumer
     stops taking deliveries, lets running listeners finish and sends their acks,
-    then closes (`drain_timeout` bounds the wait).
+    then closes (`drain_timeout` bounds the wait). `tls=` as for Producer.
     """
 
     role = "consumer"
 
-    def __init__(
-        self,
-        registry: str | Registry,
-        *,
-        group: str,
-        secret: str = "",
-        bindings: Iterable[Binding],
-        listener: MessageListener,
-        max_concurrency: int = 64,
-        message_timeout: float | None = None,
-        warmup_seconds: int = 0,
-        connect_timeout: float = 10.0,
-        drain_timeout: float = 30.0,
-        delivery_log: str | None = None,
-    ) -> None:
-        self.bindings = [b.with_group(group) for b in bindings]
-        super().__init__(
-            registry,
-            Credentials(group, secret, warmup_seconds),
-            [b.topic for b in self.bindings],
-            connect_timeout,
-            delivery_log,
-        )
-        self.listener = listener
-        self.message_timeout = message_timeout
-        self.drain_timeout = drain_timeout
-        self._listening = Budget(max_concurrency)
+    options: ConsumerOptions[MessageListener]
+
+    @keyword_options(ConsumerOptions[MessageListener])
+    def __init__(self, registry: str | Registry, options: ConsumerOptions[MessageListener]) -> None:
+        self.bindings = [b.with_group(options.group) for b in options.bindings]
+        super().__init__(registry, options, [b.topic for b in self.bindings], options.warmup_seconds)
+        self._listening = Budget(options.max_concurrency)
         self._queue: deque[QueuedDelivery] = deque()
         self._idle_workers = trio.lowlevel.ParkingLot()
         self._workers = 0
@@ -84,7 +64,7 @@ class Consumer(Client):
 
     async def _stopping(self) -> None:
         self._stopping_flag = True
-        with trio.move_on_after(self.drain_timeout):
+        with trio.move_on_after(self.options.drain_timeout):
             await self._listening.wait_empty()
 
     def _answers_due(self) -> int:
@@ -126,13 +106,14 @@ class Consumer(Client):
         self._log("received", message)
         ok, feedback = False, ""
         try:
-            if self.message_timeout is None:
-                ok = bool(await self.listener.on_message(message))
+            listener, timeout = self.options.listener, self.options.message_timeout
+            if timeout is None:
+                ok = bool(await listener.on_message(message))
             else:
-                with trio.move_on_after(self.message_timeout) as scope:
-                    ok = bool(await self.listener.on_message(message))
+                with trio.move_on_after(timeout) as scope:
+                    ok = bool(await listener.on_message(message))
                 if scope.cancelled_caught:
-                    feedback = f"listener exceeded {self.message_timeout} s"
+                    feedback = f"listener exceeded {timeout} s"
         except Exception as exc:
             feedback = f"listener raised {type(exc).__name__}: {exc}"
             log.warning("consumer.listener_failed", message_id=message.message_id, error=feedback)

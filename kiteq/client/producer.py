@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,9 +10,10 @@ import structlog
 import trio
 
 from kiteq.client.base import Client
-from kiteq.client.connection import ClientConnection, Credentials
+from kiteq.client.connection import ClientConnection
 from kiteq.client.listeners import CheckMessageListener
 from kiteq.client.message import Message
+from kiteq.client.options import ProducerOptions, keyword_options
 from kiteq.errors import ConnectionClosed, SendError
 from kiteq.registry import Registry
 from protocol import MESSAGE_CMDS, Cmd, Frame, TxStatus, pb
@@ -41,25 +42,17 @@ class Producer(Client):
     every broker serving those topics (found through the registry) and keeps the
     connections up. `send` returns once a broker stored the message and raises
     SendError otherwise; resending with the same message id is always safe.
+    `tls=` (an ssl.SSLContext, or the path of the CA file that signs the brokers'
+    certificates) connects over TLS; a broker it does not trust raises TLSError.
     """
 
     role = "producer"
 
-    def __init__(
-        self,
-        registry: str | Registry,
-        *,
-        group: str,
-        secret: str = "",
-        topics: Iterable[str],
-        check_listener: CheckMessageListener | None = None,
-        send_timeout: float = 3.0,
-        connect_timeout: float = 10.0,
-        delivery_log: str | None = None,
-    ) -> None:
-        super().__init__(registry, Credentials(group, secret), list(topics), connect_timeout, delivery_log)
-        self.check_listener = check_listener
-        self.send_timeout = send_timeout
+    options: ProducerOptions[CheckMessageListener]
+
+    @keyword_options(ProducerOptions[CheckMessageListener])
+    def __init__(self, registry: str | Registry, options: ProducerOptions[CheckMessageListener]) -> None:
+        super().__init__(registry, options, options.topics)
         self._warned_no_listener = False
 
     async def _started(self) -> None:
@@ -74,13 +67,13 @@ class Producer(Client):
 
     async def _store(self, message: Message) -> ClientConnection:
         message.group = self.group
-        connection = await self.pool.connection_for(message.topic, self.send_timeout)
+        connection = await self.pool.connection_for(message.topic, self.options.send_timeout)
         try:
-            ack = await connection.request(message.cmd, message.to_wire(), self.send_timeout)
+            ack = await connection.request(message.cmd, message.to_wire(), self.options.send_timeout)
         except trio.TooSlowError:
             self._log("send_failed", message, reason="timeout")
             raise SendError(
-                f"no store ack from {connection.address} within {self.send_timeout} s; the message "
+                f"no store ack from {connection.address} within {self.options.send_timeout} s; the message "
                 "may or may not be stored: resend it with the same id",
                 message_id=message.message_id,
             ) from None
@@ -159,7 +152,7 @@ class Producer(Client):
         live = (
             connection
             if connection.alive
-            else await self.pool.connection_to(connection.address, self.send_timeout)
+            else await self.pool.connection_to(connection.address, self.options.send_timeout)
         )
         try:
             if live is None:
@@ -195,7 +188,7 @@ class Producer(Client):
     async def _answer_check(self, connection: ClientConnection, opaque: int, packet: pb.TxACKPacket) -> None:
         message = Message.from_header(packet.header, b"")
         status, feedback = TxStatus.UNKNOWN, "no CheckMessageListener"
-        if self.check_listener is None:
+        if self.options.check_listener is None:
             if not self._warned_no_listener:
                 self._warned_no_listener = True
                 log.warning(
@@ -205,7 +198,7 @@ class Producer(Client):
                 )
         else:
             try:
-                status = TxStatus(await self.check_listener.check(message))
+                status = TxStatus(await self.options.check_listener.check(message))
                 feedback = "checked"
             except Exception as exc:
                 status, feedback = TxStatus.UNKNOWN, f"check failed: {exc}"

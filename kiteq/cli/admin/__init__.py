@@ -61,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help=f"a running broker's admin endpoint (default {DEFAULT_ADMIN})",
     )
+    parser.add_argument(
+        "--tls-ca",
+        metavar="PEM",
+        help="the CA that signs an https admin endpoint's certificate (the broker's [tls] cert)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
     parser.add_argument(
         "--log-level",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import ssl
 import sys
 import time
 from typing import Any
@@ -13,6 +14,7 @@ import httpx
 
 from kiteq.cli.admin.output import emit, format_table, say
 from kiteq.errors import KiteQError
+from kiteq.tls import client_context
 
 TIMEOUT = 10.0
 # Home the cursor and clear the screen: a full redraw per frame, no curses needed.
@@ -32,10 +34,13 @@ def call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any
     if token:
         headers["Authorization"] = f"Bearer {token}"
     url = args.admin.rstrip("/") + path
+    # An https endpoint signed by a private CA is verified against --tls-ca, else the system CAs.
+    verify = client_context(args.tls_ca) or True
     try:
-        response = httpx.request(method, url, headers=headers, timeout=TIMEOUT, **kwargs)
+        response = httpx.request(method, url, headers=headers, timeout=TIMEOUT, verify=verify, **kwargs)
     except httpx.HTTPError as exc:
-        raise AdminError(f"cannot reach the broker's admin endpoint {args.admin}: {exc}") from None
+        hint = "; pass --tls-ca, the CA that signed it" if _untrusted(exc) else ""
+        raise AdminError(f"cannot reach the broker's admin endpoint {args.admin}: {exc}{hint}") from None
     try:
         body = response.json()
     except ValueError:
@@ -43,6 +48,16 @@ def call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any
     if response.status_code >= 400:
         raise AdminError(f"{method} {path} failed ({response.status_code}): {body.get('error', body)}")
     return body
+
+
+def _untrusted(exc: BaseException) -> bool:
+    """The endpoint's certificate failed verification (somewhere in the exception's chain)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def stats(args: argparse.Namespace) -> None:
@@ -178,7 +193,7 @@ def _mutate(args: argparse.Namespace, action: str) -> None:
     say(args, f"{action}: {count} message(s)", result)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("stats", help="a running broker's state (via --admin)")
     parser.set_defaults(func=stats)
     live = subparsers.add_parser("top", help="a live view of a running broker's groups (via --admin)")
