@@ -8,17 +8,17 @@ per frame (the cost on loopback is per send, not per byte). The outbox is bounde
 in bytes; a peer that stops reading past that bound is disconnected rather than
 allowed to grow our memory.
 
-Under load, one send per wake-up is still one send per frame: an ack arrives, one
-delivery goes out, its ack comes back alone. So while the owner expects more frames
-shortly (`expect_more`: requests in flight on this connection), a flush that follows
-the previous one within `FLUSH_INTERVAL` waits out the rest of it and takes
-everything queued meanwhile. A connection with one request at a time (a producer
-sending synchronously) is never held back.
+Under load, one send per wake-up can still be one send per frame: an ack arrives,
+one delivery goes out, its ack comes back alone. So while the owner expects more
+frames (`expect_more`: requests in flight on this connection), the writer first lets
+every task that is ready to run now take its turn — readers handling a read's worth
+of frames, handlers finishing a save — and then sends everything they queued in one
+call. It never waits on a timer: a frame queued on an idle path goes out as soon as
+the writer runs, and what coalesces is only what was queued at the same moment.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -28,8 +28,7 @@ log = structlog.get_logger(__name__)
 
 READ_SIZE = 256 * 1024
 DEFAULT_OUTBOX_LIMIT = 64 * 1024 * 1024
-FLUSH_INTERVAL = 0.004
-FLUSH_NOW_BYTES = 256 * 1024  # this much queued goes out without waiting
+FLUSH_NOW_BYTES = 256 * 1024  # this much queued goes out without letting others add to it
 
 
 class OutboxOverflow(Exception):
@@ -56,7 +55,6 @@ class FramedStream:
         self._closed = False
         self.bytes_in = 0
         self.bytes_out = 0
-        self._sent_at = -math.inf
 
     @property
     def closed(self) -> bool:
@@ -83,13 +81,10 @@ class FramedStream:
                     self._wakeup = trio.Event()
                     continue
                 if self._outbox_bytes < FLUSH_NOW_BYTES and self.expect_more():
-                    pause = self._sent_at + FLUSH_INTERVAL - trio.current_time()
-                    if pause > 0:
-                        await trio.sleep(pause)
+                    await trio.lowlevel.checkpoint()  # the tasks ready now add their frames first
                 batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
                 data = b"".join(batch)
                 await self.stream.send_all(data)
-                self._sent_at = trio.current_time()
                 self.bytes_out += len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._closed = True

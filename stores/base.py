@@ -18,7 +18,7 @@ Contract (checked by tests/contract/, which every store passes unchanged):
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Container, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -137,14 +137,22 @@ class MessageStore(AsyncResource):
 
     @abstractmethod
     async def page_due(
-        self, now: float, after: Cursor | None, limit: int, skip: Container[str] = frozenset()
+        self,
+        now: float,
+        after: Cursor | None,
+        limit: int,
+        skip: Container[str] = frozenset(),
+        parked: Collection[str] = frozenset(),
     ) -> Page:
-        """Committed, live messages with next_deliver_at <= now.
+        """Committed, live messages with next_deliver_at <= now, not of a `parked` topic.
 
         Ids in `skip` are passed over without their bodies being loaded: the broker passes
         the messages already on their way. A page may then hold fewer than `limit` items
         (the file and memory stores fill it from further ids, MySQL does not); the cursor
-        still says whether more follow.
+        still says whether more follow. `parked` topics are those nobody can be delivered
+        to now (every group bound to them persistent and offline): the file and memory
+        stores do not even walk their messages, so a parked backlog costs nothing;
+        MySQL passes over their rows without loading bodies.
         """
 
     @abstractmethod

@@ -2,6 +2,10 @@
 
 For tests, demos and fly-style traffic where losing messages on restart is acceptable.
 The broker logs a warning when it runs on this store.
+
+Scans walk sorted sets of ids kept per state (committed and live per topic,
+uncommitted, dead), as the file store's index does, so a page costs O(log n + page)
+and a parked topic's backlog is not walked at all.
 """
 
 from __future__ import annotations
@@ -9,10 +13,11 @@ from __future__ import annotations
 import copy
 import heapq
 from collections import Counter
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Sequence
 
 from stores.base import Cursor, MessageStore, Page, StoreStats
 from stores.entity import MessageEntity
+from stores.sortedids import SortedIds
 
 
 class MemoryStore(MessageStore):
@@ -21,6 +26,24 @@ class MemoryStore(MessageStore):
     def __init__(self, uri: str = "memory://") -> None:
         self.uri = uri
         self._messages: dict[str, MessageEntity] = {}
+        self._live: dict[str, SortedIds] = {}  # topic -> committed, live ids
+        self._uncommitted = SortedIds()
+        self._dead = SortedIds()
+
+    def _ids_of(self, entity: MessageEntity) -> SortedIds:
+        """The set `entity` belongs in, by its state."""
+        if entity.dead:
+            return self._dead
+        if not entity.commit:
+            return self._uncommitted
+        live = self._live.get(entity.topic)
+        if live is None:
+            live = self._live[entity.topic] = SortedIds()
+        return live
+
+    def _remove(self, entity: MessageEntity) -> None:
+        self._ids_of(entity).discard(entity.message_id)
+        del self._messages[entity.message_id]
 
     async def start(self) -> None:
         return None
@@ -32,6 +55,7 @@ class MemoryStore(MessageStore):
         if entity.message_id in self._messages:
             return False
         self._messages[entity.message_id] = copy.copy(entity)
+        self._ids_of(entity).add(entity.message_id)
         return True
 
     async def save_many(self, entities: Sequence[MessageEntity]) -> list[bool]:
@@ -49,16 +73,18 @@ class MemoryStore(MessageStore):
         if entity is None:
             return False
         if not entity.commit:
+            self._ids_of(entity).discard(message_id)
             entity.commit = True
             entity.deliver_count = 0
             entity.next_deliver_at = 0.0
+            self._ids_of(entity).add(message_id)
         return True
 
     async def rollback(self, message_id: str) -> bool:
         entity = self._messages.get(message_id)
         if entity is None or entity.commit:
             return False
-        del self._messages[message_id]
+        self._remove(entity)
         return True
 
     async def update_delivery(
@@ -79,66 +105,79 @@ class MemoryStore(MessageStore):
         return True
 
     async def finish(self, message_id: str) -> bool:
-        return self._messages.pop(message_id, None) is not None
+        entity = self._messages.get(message_id)
+        if entity is None:
+            return False
+        self._remove(entity)
+        return True
 
     async def dead_letter(self, message_id: str, reason: str) -> bool:
         entity = self._messages.get(message_id)
         if entity is None:
             return False
+        self._ids_of(entity).discard(message_id)
         entity.dead = True
         entity.dead_reason = reason
+        self._dead.add(message_id)
         return True
 
     async def redrive(self, message_id: str) -> bool:
         entity = self._messages.get(message_id)
         if entity is None or not entity.dead:
             return False
+        self._dead.discard(message_id)
         entity.dead = False
         entity.dead_reason = ""
         entity.commit = True
         entity.deliver_count = 0
         entity.next_deliver_at = 0.0
         entity.fail_groups = ()
+        self._ids_of(entity).add(message_id)
         return True
 
     async def purge(self, message_id: str) -> bool:
         entity = self._messages.get(message_id)
         if entity is None or not entity.dead:
             return False
-        del self._messages[message_id]
+        self._remove(entity)
         return True
 
     async def page_due(
-        self, now: float, after: Cursor | None, limit: int, skip: Container[str] = frozenset()
+        self,
+        now: float,
+        after: Cursor | None,
+        limit: int,
+        skip: Container[str] = frozenset(),
+        parked: Collection[str] = frozenset(),
     ) -> Page:
+        walks = [ids.after(after) for topic, ids in self._live.items() if topic not in parked and len(ids)]
         return self._page(
-            lambda e: e.commit and not e.dead and e.next_deliver_at <= now and e.message_id not in skip,
-            after,
-            limit,
+            heapq.merge(*walks), lambda e: e.next_deliver_at <= now and e.message_id not in skip, limit
         )
 
     async def page_uncommitted(self, older_than: float, after: Cursor | None, limit: int) -> Page:
-        return self._page(lambda e: not e.commit and not e.dead and e.created_at <= older_than, after, limit)
+        return self._page(self._uncommitted.after(after), lambda e: e.created_at <= older_than, limit)
 
     async def page_dead(self, after: Cursor | None, limit: int) -> Page:
-        return self._page(lambda e: e.dead, after, limit)
+        return self._page(self._dead.after(after), lambda e: True, limit)
 
-    def _page(self, wanted: Callable[[MessageEntity], bool], after: Cursor | None, limit: int) -> Page:
-        start = after or ""
-        matches = (e for e in self._messages.values() if e.message_id > start and wanted(e))
-        items = heapq.nsmallest(limit + 1, matches, key=lambda e: e.message_id)
-        more = len(items) > limit
-        items = [copy.copy(e) for e in items[:limit]]
-        return Page(items, items[-1].message_id if more else None)
+    def _page(self, ids: Iterator[str], wanted: Callable[[MessageEntity], bool], limit: int) -> Page:
+        items: list[MessageEntity] = []
+        for message_id in ids:
+            entity = self._messages[message_id]
+            if wanted(entity):
+                if len(items) == limit:
+                    return Page(items, items[-1].message_id)
+                items.append(copy.copy(entity))
+        return Page(items, None)
 
     async def stats(self) -> StoreStats:
-        live = [e for e in self._messages.values() if not e.dead]
-        dead = Counter(e.dead_reason for e in self._messages.values() if e.dead)
+        dead = Counter(self._messages[message_id].dead_reason for message_id in self._dead)
         return StoreStats(
             kind="memory",
-            messages=len(live),
-            uncommitted=sum(1 for e in live if not e.commit),
-            dead=sum(dead.values()),
+            messages=len(self._messages) - len(self._dead),
+            uncommitted=len(self._uncommitted),
+            dead=len(self._dead),
             dead_by_reason=dict(dead),
-            backlog_by_topic=dict(Counter(e.topic for e in live if e.commit)),
+            backlog_by_topic={topic: len(ids) for topic, ids in self._live.items() if len(ids)},
         )

@@ -8,10 +8,11 @@ numbers into `Interner` tables shared by every entry.
 
 Beside the entries the index keeps what makes scans and stats cheap:
 
-- `due`: ids of committed, live messages whose next_deliver_at <= `promoted` (the
-  latest `now` page_due saw), in id order; `timers`: the other committed, live ids,
-  bucketed by time. page_due moves the buckets that came due, then walks `due`
-  from the cursor, so a page costs O(log n + page), not O(all messages).
+- `due`: per topic, ids of committed, live messages whose next_deliver_at <=
+  `promoted` (the latest `now` page_due saw), in id order; `timers`: the other
+  committed, live ids, bucketed by time. page_due moves the buckets that came due,
+  then walks the due ids of the topics asked for from the cursor, so a page costs
+  O(log n + page), not O(all messages), and a parked topic's backlog costs nothing.
 - `uncommitted` and `dead`: id-ordered sets for their scans.
 - counters for stats, and live entries per data segment for reclamation.
 
@@ -26,7 +27,7 @@ import math
 import struct
 import sys
 from collections import Counter
-from collections.abc import Callable, Container, Hashable, Iterator
+from collections.abc import Callable, Collection, Container, Hashable, Iterator
 from typing import Generic, NamedTuple, TypeVar
 
 from stores.entity import MessageEntity
@@ -34,7 +35,7 @@ from stores.errors import StoreError
 from stores.file.messages import COMMIT, DEAD, NO_GROUPS, Head, check_i32
 from stores.file.ops import Op
 from stores.file.records import RecordType
-from stores.file.sortedids import SortedIds
+from stores.sortedids import SortedIds
 
 ENTRY = struct.Struct("<IIIddiIIHB")
 STATE_FLAGS = COMMIT | DEAD
@@ -168,7 +169,7 @@ class Index:
         self.groups: Interner[Groups] = Interner("group list", NO_GROUPS)
         self.segment_live: Counter[int] = Counter()
         self.emptied: list[int] = []
-        self.due = SortedIds()
+        self.due: dict[int, SortedIds] = {}  # topic number -> due ids
         self.uncommitted = SortedIds()
         self.dead = SortedIds()
         self.timers = Timers()
@@ -340,9 +341,15 @@ class Index:
             backlog = self.backlog
             backlog[topic] = backlog.get(topic, 0) + 1
             if at <= self.promoted:
-                self.due.add(message_id)
+                self._due_of(topic).add(message_id)
             else:
                 self._wait(message_id, at)
+
+    def _due_of(self, topic: int) -> SortedIds:
+        due = self.due.get(topic)
+        if due is None:
+            due = self.due[topic] = SortedIds()
+        return due
 
     def _unlink(self, message_id: str, entry: Entry) -> None:
         _decrement(self.segment_live, entry.segment)
@@ -356,7 +363,9 @@ class Index:
             self.uncommitted.discard(message_id)
         else:
             _decrement(self.backlog, entry.topic)
-            self.due.discard(message_id)
+            due = self.due.get(entry.topic)
+            if due is not None:
+                due.discard(message_id)
 
     def _wait(self, message_id: str, at: float) -> None:
         self.timers.add(message_id, at)
@@ -378,7 +387,8 @@ class Index:
         self.dead_reasons.clear()
         self.timers.clear()
         self.promoted = promoted
-        due, uncommitted, dead = [], [], []
+        due: dict[int, list[str]] = {}
+        uncommitted, dead = [], []
         live, backlog, unpack_raw, wait = self.segment_live, self.backlog, ENTRY.unpack, self.timers.add
         for message_id, raw in self.entries.items():
             segment, _, _, at, _, _, topic, _, reason, flags = unpack_raw(raw)
@@ -391,10 +401,10 @@ class Index:
             else:
                 backlog[topic] = backlog.get(topic, 0) + 1
                 if at <= promoted:
-                    due.append(message_id)
+                    due.setdefault(topic, []).append(message_id)
                 else:
                     wait(message_id, at)
-        self.due.rebuild(due)
+        self.due = {topic: SortedIds(ids) for topic, ids in due.items()}
         self.uncommitted.rebuild(uncommitted)
         self.dead.rebuild(dead)
         self.emptied.clear()
@@ -406,7 +416,8 @@ class Index:
         """Move every waiting id with next_deliver_at <= now into `due`."""
         if not now > self.promoted:
             return
-        moved, keep = [], []
+        moved: dict[int, list[str]] = {}
+        keep = []
         entries = self.entries
         for key, ids in self.timers.pop_through(bucket(now)):
             for message_id in ids:
@@ -418,18 +429,25 @@ class Index:
                     continue
                 at = entry.next_deliver_at
                 if at <= now:
-                    moved.append(message_id)
+                    moved.setdefault(entry.topic, []).append(message_id)
                 elif bucket(at) == key:
                     keep.append((message_id, at))
         for message_id, at in keep:
             self.timers.add(message_id, at)
         self.promoted = now
-        self.due.update(moved)
+        for topic, ids in moved.items():
+            self._due_of(topic).update(ids)
 
-    def page_due(self, now: float, after: str | None, limit: int, skip: Container[str]) -> list[str]:
-        """Up to `limit` ids of committed, live messages due at `now`, after `after`, not in `skip`."""
+    def page_due(
+        self, now: float, after: str | None, limit: int, skip: Container[str], parked: Collection[str] = ()
+    ) -> list[str]:
+        """Up to `limit` ids of committed, live messages due at `now`, after `after`, not in `skip`,
+        of topics not `parked` (whose due ids are not even walked)."""
         self.promote(now)
-        ids = (message_id for message_id in self.due.after(after) if message_id not in skip)
+        passed = {number for topic in parked if (number := self.topics.numbers.get(topic)) is not None}
+        walks = [due.after(after) for topic, due in self.due.items() if topic not in passed and len(due)]
+        merged = walks[0] if len(walks) == 1 else heapq.merge(*walks)
+        ids = (message_id for message_id in merged if message_id not in skip)
         return self._take(ids, limit, lambda entry: entry.next_deliver_at <= now)
 
     def page_uncommitted(self, older_than: float, after: str | None, limit: int) -> list[str]:

@@ -37,7 +37,7 @@ index's size. Only one process may open a directory (LOCK, flock).
 from __future__ import annotations
 
 import functools
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Collection, Container, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -327,10 +327,15 @@ class FileStore(MessageStore):
                 return self._index.apply_state(decode_message(payload, 0, len(payload)), now)
 
     async def page_due(
-        self, now: float, after: Cursor | None, limit: int, skip: Container[str] = frozenset()
+        self,
+        now: float,
+        after: Cursor | None,
+        limit: int,
+        skip: Container[str] = frozenset(),
+        parked: Collection[str] = frozenset(),
     ) -> Page:
         self._readable()
-        return await self._page(self._index.page_due(now, after, _limit(limit) + 1, skip), limit)
+        return await self._page(self._index.page_due(now, after, _limit(limit) + 1, skip, parked), limit)
 
     async def page_uncommitted(self, older_than: float, after: Cursor | None, limit: int) -> Page:
         self._readable()

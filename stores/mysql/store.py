@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from collections import Counter
-from collections.abc import Awaitable, Callable, Container, Iterable
+from collections.abc import Awaitable, Callable, Collection, Container, Iterable
 from typing import Any
 
 import structlog
@@ -246,9 +246,14 @@ class MySQLStore(SharedStore):
         return from_row(row) if row is not None else None
 
     async def page_due(
-        self, now: float, after: Cursor | None, limit: int, skip: Container[str] = frozenset()
+        self,
+        now: float,
+        after: Cursor | None,
+        limit: int,
+        skip: Container[str] = frozenset(),
+        parked: Collection[str] = frozenset(),
     ) -> Page:
-        return await self._page("due", after, limit, skip, now=float(now))
+        return await self._page("due", after, limit, skip, parked, now=float(now))
 
     async def page_uncommitted(self, older_than: float, after: Cursor | None, limit: int) -> Page:
         return await self._page("uncommitted", after, limit, older_than=float(older_than))
@@ -262,6 +267,7 @@ class MySQLStore(SharedStore):
         after: Cursor | None,
         limit: int,
         skip: Container[str] = frozenset(),
+        parked: Collection[str] = frozenset(),
         **values: object,
     ) -> Page:
         """One more row than asked tells whether another page follows; skipped rows get no body."""
@@ -276,7 +282,8 @@ class MySQLStore(SharedStore):
         rows = await self._scans().fetch_all(statement.text, args)
         items = [from_row(row, STATE_COLUMNS) for row in rows[:limit]]
         cursor = _encode(scan, items[-1]) if len(rows) > limit else None
-        return Page(await self._with_bodies([e for e in items if e.message_id not in skip]), cursor)
+        wanted = [e for e in items if e.message_id not in skip and e.topic not in parked]
+        return Page(await self._with_bodies(wanted), cursor)
 
     async def _with_bodies(self, items: list[MessageEntity]) -> list[MessageEntity]:
         """The page's bodies, in one more query: the scans themselves stay on narrow index rows.

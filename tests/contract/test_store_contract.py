@@ -169,6 +169,20 @@ async def test_page_due_passes_over_skipped_ids(store: MessageStore) -> None:
     )
 
 
+async def test_page_due_passes_over_parked_topics(store: MessageStore) -> None:
+    """A parked topic's messages (nobody to deliver them to) are not paged until it is unparked."""
+    served = [new_entity(topic="served", next_deliver_at=100.0 + i) for i in range(4)]
+    parked = [new_entity(topic="offline", next_deliver_at=100.0 + i) for i in range(6)]
+    for entity in [*served, *parked]:
+        await store.save(entity)
+    items = await all_pages(
+        lambda after, limit: store.page_due(500.0, after, limit, parked={"offline"}), limit=2
+    )
+    assert sorted(e.message_id for e in items) == sorted(e.message_id for e in served)
+    items = await all_pages(lambda after, limit: store.page_due(500.0, after, limit), limit=3)
+    assert len(items) == 10, "unparked, every due message is paged again"
+
+
 async def test_page_uncommitted_by_age(store: MessageStore) -> None:
     old = [new_entity(commit=False, created_at=100.0) for _ in range(5)]
     young = new_entity(commit=False, created_at=900.0)

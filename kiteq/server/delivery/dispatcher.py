@@ -128,7 +128,9 @@ class Dispatcher:
         A message is delivered now when every lane it routes to can queue it; its next
         delivery time is set to match (`rounds.first_due`). Uncommitted ones are not
         submitted, so they take no room. A full lane is marked starved, so the recover
-        loop is woken when it frees up.
+        loop is woken when it frees up. A message whose groups are all persistent and
+        offline is not submitted either: it is stored due, under a parked topic, and
+        the recover loop offers it once one of them connects.
         """
         room: dict[Lane, int] = {}
         admitted = []
@@ -136,11 +138,11 @@ class Dispatcher:
             if not entity.commit:
                 admitted.append(True)
                 continue
-            lanes = [
-                lane
-                for binding in self.router.route(entity.topic, entity.message_type)
-                if (lane := self.lanes.get(binding.key)) is not None
-            ]
+            bindings = self.router.route(entity.topic, entity.message_type)
+            if bindings and not any(self._deliverable(binding) for binding in bindings):
+                admitted.append(False)
+                continue
+            lanes = [lane for binding in bindings if (lane := self.lanes.get(binding.key)) is not None]
             fits = True
             for lane in lanes:
                 left = room.get(lane)
@@ -157,6 +159,21 @@ class Dispatcher:
         for entity, now_or_later in zip(entities, admitted, strict=True):
             entity.next_deliver_at = first_due(now, timeout, now_or_later)
         return admitted
+
+    def _deliverable(self, binding: Binding) -> bool:
+        """A message for this binding can be handled now: its group is online, or it is skipped."""
+        return not binding.persistent or self.groups.has_live(binding.group)
+
+    def parked_topics(self) -> frozenset[str]:
+        """Topics nothing can be done for now: every binding persistent, every group offline.
+
+        The recover loop does not page them (the stores do not walk them), so a backlog
+        waiting for an offline group costs nothing until one of its consumers connects.
+        """
+        deliverable: dict[str, bool] = {}
+        for binding in self.router.bindings:
+            deliverable[binding.topic] = deliverable.get(binding.topic, False) or self._deliverable(binding)
+        return frozenset(topic for topic, can in deliverable.items() if not can)
 
     def saturated(self) -> bool:
         """Every lane is full: offering more now only churns (they are offered when one frees)."""

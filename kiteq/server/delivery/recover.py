@@ -1,7 +1,9 @@
 """The recover loop: pages through due messages in the store and offers them again.
 
 It is what resumes deliveries after a restart, retries after backoff, and feeds a
-group whose lane was full or whose consumers were offline. A pass that places
+group whose lane was full or whose consumers were offline. Topics whose groups are
+all persistent and offline are parked: not paged at all until a consumer connects
+(which wakes the loop), so an offline group's backlog costs no CPU. A pass that places
 nothing makes the next wait longer (up to `MAX_IDLE`), so an offline group's backlog
 is not rescanned in a tight loop; consumers connecting, bindings changing and lanes
 freeing up wake it at once, and every retry the dispatcher schedules is remembered
@@ -99,8 +101,11 @@ class RecoverLoop:
         now = self.signal.clock()
         cursor = None
         placed = 0
+        parked = self.dispatcher.parked_topics()
         while True:
-            page = await self.store.page_due(now, cursor, self.config.recover_page, self.dispatcher.rounds)
+            page = await self.store.page_due(
+                now, cursor, self.config.recover_page, self.dispatcher.rounds, parked
+            )
             for entity in page.items:
                 placed += self.dispatcher.submit(entity)
             if page.cursor is None or self.dispatcher.saturated():

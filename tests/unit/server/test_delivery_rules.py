@@ -307,3 +307,33 @@ async def test_no_question_counts_while_no_producer_is_connected(
     assert trio.current_time() - connected_at < 0.01, "asked at once, not at the next interval"
     asked = await parts.store.get(message.message_id)
     assert asked is not None and asked.deliver_count == 1
+
+
+async def test_an_offline_groups_backlog_is_parked_not_paged(
+    parts: Parts, autojump_clock: trio.testing.MockClock
+) -> None:
+    """While the only group of a topic is offline, its messages are neither submitted nor paged."""
+    fresh = [entity(created_at=parts.clock()) for _ in range(50)]
+    assert parts.dispatcher.admit(fresh, parts.clock()) == [False] * 50, "nobody to deliver to: not submitted"
+    assert all(e.next_deliver_at == parts.clock() for e in fresh), "stored due, under a parked topic"
+    await parts.store.save_many(fresh)
+    paged: list[str] = []
+    page_due = parts.store.page_due
+
+    async def counting_page_due(*args: object, **kwargs: object) -> object:
+        page = await page_due(*args, **kwargs)  # type: ignore[arg-type]
+        paged.extend(e.message_id for e in page.items)
+        return page
+
+    parts.store.page_due = counting_page_due  # type: ignore[method-assign]
+    parts.recover.signal.wake()
+    passes = parts.recover.passes
+    await trio.sleep(300)
+    assert parts.recover.passes > passes and paged == [], "passes ran and walked none of the backlog"
+    assert parts.dispatcher.parked_topics() == {"t"}
+    peer = FakePeer("c")
+    parts.groups.add(peer)
+    parts.recover.signal.wake()  # as the broker does when a consumer authenticates
+    await next_delivery(peer, 50)
+    assert {d.round.message_id for _, d in peer.sent} == {e.message_id for e in fresh}
+    assert parts.dispatcher.parked_topics() == frozenset()

@@ -231,10 +231,13 @@ def test_admission_reserves_lane_room_for_committed_messages_in_order() -> None:
     bindings = [Binding.direct("trade", "pay-succ", group="sms"), Binding.fanout("trade", group="all")]
     router = Router()
     router.update(bindings)
+    online = GroupTable()
+    for group in ("sms", "all"):
+        online.add(FakePeer(group))  # type: ignore[arg-type]
     dispatcher = Dispatcher(
         MemoryStore(),
         router,
-        GroupTable(),
+        online,
         DeliveryConfig(lane_capacity=2, deliver_timeout=5.0),
         Events(),
         clock=lambda: NOW,

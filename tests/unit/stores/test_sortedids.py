@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stores.file import sortedids
-from stores.file.sortedids import SortedIds
+from stores import sortedids
+from stores.sortedids import SortedIds
 
 keys = st.integers(0, 300).map(lambda i: f"{i:04d}")
 actions = st.lists(
