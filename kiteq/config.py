@@ -9,6 +9,7 @@ value stops the broker at start with a ConfigError naming the key
 from __future__ import annotations
 
 import dataclasses
+import enum
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,13 @@ class ServerConfig:
     )
 
 
+class Jitter(enum.StrEnum):
+    """How a retry's backoff is drawn below its bound (see kiteq/server/delivery/retry.py)."""
+
+    FULL = "full"
+    NONE = "none"
+
+
 @dataclass
 class DeliveryConfig:
     deliver_timeout: float = setting(5.0, "Seconds a consumer has to answer a delivery before it is retried.")
@@ -86,8 +94,10 @@ class DeliveryConfig:
         1.0, "Backoff of the n-th retry: uniform(0, min(retry_max, retry_base * 2^(n-1))) s."
     )
     retry_max: float = setting(300.0, "Longest backoff between retries, in seconds.")
-    retry_jitter: str = setting(
-        "full", "full: a random backoff up to the bound; none: the bound.", choices=("full", "none")
+    retry_jitter: Jitter = setting(
+        Jitter.FULL,
+        "full: a random backoff up to the bound; none: the bound.",
+        choices=tuple(jitter.value for jitter in Jitter),
     )
     recover_interval: float = setting(1.0, "Seconds between looks in the store for messages due again.")
     recover_page: int = setting(500, "Messages read from the store per page of such a look.")
@@ -149,10 +159,6 @@ class BrokerConfig:
         _check_address("[server] bind", self.server.bind)
         if self.server.admin_bind:
             _check_address("[server] admin_bind", self.server.admin_bind)
-        if self.delivery.retry_jitter not in ("full", "none"):
-            raise ConfigError(
-                f"[delivery] retry_jitter: use 'full' or 'none', got {self.delivery.retry_jitter!r}"
-            )
         if self.delivery.retry_base <= 0 or self.delivery.retry_max < self.delivery.retry_base:
             raise ConfigError("[delivery] retry_base/retry_max: need 0 < retry_base <= retry_max")
         if self.delivery.deliver_timeout <= 0:
@@ -213,6 +219,14 @@ def _apply(target: object, values: dict[str, Any], section: str) -> None:
             ok = isinstance(value, int) and not isinstance(value, bool)
         elif isinstance(default, list):
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        elif isinstance(default, enum.Enum):
+            choices = [member.value for member in type(default)]
+            if value not in choices:
+                raise ConfigError(
+                    f"[{section}] {key}: use one of {', '.join(map(repr, choices))}, got {value!r}"
+                )
+            value = type(default)(value)
+            ok = True
         else:
             ok = isinstance(value, str)
         if not ok:

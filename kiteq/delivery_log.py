@@ -21,6 +21,7 @@ from pathlib import Path
 
 import trio
 
+from protocol.logevents import LogEvent
 from stores.entity import MessageEntity
 
 # json's own string encoder (its C version when built): a quoted, escaped, ASCII string.
@@ -86,7 +87,7 @@ class DeliveryLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the log's lifetime
 
-    def emit(self, event: str, entity: MessageEntity | None = None, **fields: object) -> None:
+    def emit(self, event: LogEvent, entity: MessageEntity | None = None, **fields: object) -> None:
         """Record `event`; message fields come from `entity` unless given explicitly.
 
         A line is the JSON object {ts, event, source, message fields, broker, fields…} in

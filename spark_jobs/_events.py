@@ -13,29 +13,15 @@ from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-# Every event of the delivery-log contract (docs/design.md, "Delivery log"), by who writes it.
-PRODUCER_EVENTS = ("sent", "send_failed")
-BROKER_EVENTS = (
-    "stored",
-    "committed",
-    "rolled_back",
-    "delivered",
-    "acked",
-    "nacked",
-    "timeout",
-    "dropped",
-    "dead_lettered",
-    "redriven",
-    "finished",
-    "tx_checked",
-)
-CONSUMER_EVENTS = ("received", "processed")
-KNOWN_EVENTS = PRODUCER_EVENTS + BROKER_EVENTS + CONSUMER_EVENTS
+from protocol import logevents
 
-# Events about one consumer group of a message: without `group` such a line means nothing.
-GROUP_EVENTS = ("delivered", "acked", "nacked", "timeout", "dropped", "received", "processed")
-# Events that may name a group (then they concern that group only) or not (the whole message).
-MAYBE_GROUP_EVENTS = ("dead_lettered", "redriven")
+# Every event of the delivery-log contract (protocol/logevents.py), as plain strings for Spark.
+PRODUCER_EVENTS = tuple(event.value for event in logevents.PRODUCER_EVENTS)
+BROKER_EVENTS = tuple(event.value for event in logevents.BROKER_EVENTS)
+CONSUMER_EVENTS = tuple(event.value for event in logevents.CONSUMER_EVENTS)
+KNOWN_EVENTS = PRODUCER_EVENTS + BROKER_EVENTS + CONSUMER_EVENTS
+GROUP_EVENTS = tuple(event.value for event in logevents.GROUP_EVENTS)
+MAYBE_GROUP_EVENTS = tuple(event.value for event in logevents.MAYBE_GROUP_EVENTS)
 
 # Why a line is not an event, in the order they are checked; reported under these names.
 PROBLEMS = ("blank", "not_json", "missing_field", "bad_ts", "unknown_event")

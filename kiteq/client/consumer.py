@@ -16,6 +16,7 @@ from kiteq.client.options import ConsumerOptions, keyword_options
 from kiteq.errors import ConnectionClosed
 from kiteq.registry import Binding, Registry
 from protocol import MESSAGE_CMDS, Cmd, Frame, pb
+from protocol.logevents import LogEvent
 
 log = structlog.get_logger(__name__)
 
@@ -103,7 +104,7 @@ class Consumer(Client):
     async def _process(self, connection: ClientConnection, opaque: int, wire: object) -> None:
         assert isinstance(wire, pb.BytesMessage | pb.StringMessage)
         message = Message.from_wire(wire)
-        self._log("received", message)
+        self._log(LogEvent.RECEIVED, message)
         ok, feedback = False, ""
         try:
             listener, timeout = self.options.listener, self.options.message_timeout
@@ -132,7 +133,7 @@ class Consumer(Client):
             )
             if ok:
                 self.acked += 1
-                self._log("processed", message)
+                self._log(LogEvent.PROCESSED, message)
             else:
                 self.nacked += 1
         except ConnectionClosed:
@@ -140,7 +141,7 @@ class Consumer(Client):
         finally:
             self._listening.give()
 
-    def _log(self, event: str, message: Message) -> None:
+    def _log(self, event: LogEvent, message: Message) -> None:
         if self.delivery_log is not None:
             self.delivery_log.emit(
                 event,

@@ -17,6 +17,7 @@ from kiteq.client.options import ProducerOptions, keyword_options
 from kiteq.errors import ConnectionClosed, SendError
 from kiteq.registry import Registry
 from protocol import MESSAGE_CMDS, Cmd, Frame, TxStatus, pb
+from protocol.logevents import LogEvent
 
 log = structlog.get_logger(__name__)
 
@@ -71,23 +72,23 @@ class Producer(Client):
         try:
             ack = await connection.request(message.cmd, message.to_wire(), self.options.send_timeout)
         except trio.TooSlowError:
-            self._log("send_failed", message, reason="timeout")
+            self._log(LogEvent.SEND_FAILED, message, reason="timeout")
             raise SendError(
                 f"no store ack from {connection.address} within {self.options.send_timeout} s; the message "
                 "may or may not be stored: resend it with the same id",
                 message_id=message.message_id,
             ) from None
         except ConnectionClosed as exc:
-            self._log("send_failed", message, reason="connection-lost")
+            self._log(LogEvent.SEND_FAILED, message, reason="connection-lost")
             raise SendError(f"{exc}; resend the message", message_id=message.message_id) from None
         assert isinstance(ack, pb.MessageStoreAck)
         if not ack.status:
-            self._log("send_failed", message, reason=ack.feedback)
+            self._log(LogEvent.SEND_FAILED, message, reason=ack.feedback)
             raise SendError(
                 f"broker {connection.address} refused message {message.message_id}: {ack.feedback}",
                 message_id=message.message_id,
             )
-        self._log("sent", message, broker=connection.address)
+        self._log(LogEvent.SENT, message, broker=connection.address)
         return connection
 
     async def send_string(self, topic: str, message_type: str, text: str, **options: Any) -> str:
@@ -210,7 +211,7 @@ class Producer(Client):
         except ConnectionClosed:
             return
 
-    def _log(self, event: str, message: Message, **fields: object) -> None:
+    def _log(self, event: LogEvent, message: Message, **fields: object) -> None:
         if self.delivery_log is not None:
             self.delivery_log.emit(
                 event,

@@ -1,6 +1,6 @@
 """Where the broker reports what happened to a message: counters, delivery log, debug log.
 
-One call site per lifecycle step (`events.emit("acked", entity, group=g)`) feeds the
+One call site per lifecycle step (`events.emit(LogEvent.ACKED, entity, group=g)`) feeds the
 counters (which /stats and /metrics read), the delivery log (when enabled), the
 observers (the admin's latency histograms) and structlog at debug level.
 """
@@ -14,13 +14,14 @@ from collections.abc import Callable
 import structlog
 
 from kiteq.delivery_log import DeliveryLog
+from protocol.logevents import LogEvent
 from stores.entity import MessageEntity
 
 log = structlog.get_logger("kiteq.message")
 
 # Called with (event, entity, fields) on every emit, in the broker's Trio thread; it
 # runs on the hot path, so it must be cheap and must not raise.
-Observer = Callable[[str, MessageEntity, dict[str, object]], None]
+Observer = Callable[[LogEvent, MessageEntity, dict[str, object]], None]
 
 
 class Events:
@@ -36,7 +37,7 @@ class Events:
         """Whether events are written out (delivery log or debug log), so details are worth computing."""
         return self.delivery_log is not None or self.debug
 
-    def emit(self, event: str, entity: MessageEntity, **fields: object) -> None:
+    def emit(self, event: LogEvent, entity: MessageEntity, **fields: object) -> None:
         key = (event, entity.topic, str(fields.get("group", "")))
         self.counts[key] = self.counts.get(key, 0) + 1
         if self.delivery_log is not None:

@@ -23,6 +23,7 @@ from kiteq.server.refusals import RefusalLog
 from kiteq.server.tx.decisions import apply_decision, decision_of
 from kiteq.server.validate import InvalidMessage, validate_message
 from protocol import TxStatus
+from protocol.logevents import LogEvent
 from protocol.session import MessageReceived, TxDecision, quote
 from stores import MessageStore, StoreError, entity_from_wire
 from stores.entity import MessageEntity
@@ -123,7 +124,7 @@ class Handlers:
             if not stored:
                 continue
             groups = self.dispatcher.target_groups(entity) if self.events.recorded else None
-            self.events.emit("stored", entity, commit=entity.commit, groups=groups, store_ms=store_ms)
+            self.events.emit(LogEvent.STORED, entity, commit=entity.commit, groups=groups, store_ms=store_ms)
             if entity.commit and now_or_later:
                 self.dispatcher.submit(entity, sent)
 

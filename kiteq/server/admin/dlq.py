@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from kiteq.server.delivery.dispatcher import Dispatcher
 from kiteq.server.events import Events
+from protocol.logevents import LogEvent
 from stores import MessageEntity, MessageStore
 
 PAGE = 500
@@ -89,7 +90,7 @@ class DeadLetters:
             if entity is None:
                 continue
             count += 1
-            self.events.emit("redriven", entity)
+            self.events.emit(LogEvent.REDRIVEN, entity)
             self.dispatcher.submit(entity)
         return count
 

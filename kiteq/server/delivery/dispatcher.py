@@ -25,6 +25,7 @@ from kiteq.server.delivery.rounds import Outcome, Round, Verdict, first_due
 from kiteq.server.events import Events
 from kiteq.server.groups import GroupTable
 from kiteq.server.routing import Router
+from protocol.logevents import LogEvent
 from stores import MessageStore, StoreError
 from stores.entity import MessageEntity
 
@@ -183,7 +184,7 @@ class Dispatcher:
         """No consumer of the group is online: a persistent group stays owed, another is skipped."""
         if not binding.persistent:
             round_.skipped(binding.group)
-            self.events.emit("dropped", round_.entity, group=binding.group, reason="no-consumer")
+            self.events.emit(LogEvent.DROPPED, round_.entity, group=binding.group, reason="no-consumer")
 
     async def _pump(self, lane: Lane) -> None:
         """Send the lane's deliveries, never more than its watermark unacked at once."""
@@ -197,7 +198,7 @@ class Dispatcher:
                 continue
             peer.deliver(delivery, self.config.deliver_timeout)
             self.events.emit(
-                "delivered",
+                LogEvent.DELIVERED,
                 delivery.round.entity,
                 group=lane.group,
                 attempt=delivery.round.entity.deliver_count + 1,
@@ -227,9 +228,9 @@ class Dispatcher:
         round_ = delivery.round
         latency_ms = (self.clock() - delivery.sent_at) * 1000
         if ok:
-            self.events.emit("acked", round_.entity, group=delivery.group, latency_ms=latency_ms)
+            self.events.emit(LogEvent.ACKED, round_.entity, group=delivery.group, latency_ms=latency_ms)
         else:
-            event = "timeout" if reason == "timeout" else "nacked"
+            event = LogEvent.TIMEOUT if reason == "timeout" else LogEvent.NACKED
             self.events.emit(event, round_.entity, group=delivery.group, reason=reason, latency_ms=latency_ms)
         round_.record(delivery.group, ok, reason)
         if round_.complete:
@@ -266,7 +267,7 @@ class Dispatcher:
         try:
             await self.store.finish_many([r.message_id for r in finished if not r.entity.fly])
             for round_ in finished:
-                self.events.emit("finished", round_.entity)
+                self.events.emit(LogEvent.FINISHED, round_.entity)
         except StoreError as exc:
             log.warning("delivery.record_failed", messages=len(finished), error=str(exc))
         for round_, outcome in outcomes:
@@ -298,7 +299,7 @@ class Dispatcher:
             case Verdict.DEAD:
                 await self.store.dead_letter(entity.message_id, outcome.reason)
                 self.events.emit(
-                    "dead_lettered", entity, reason=outcome.reason, attempt=outcome.deliver_count
+                    LogEvent.DEAD_LETTERED, entity, reason=outcome.reason, attempt=outcome.deliver_count
                 )
             case Verdict.RETRY:
                 delay = backoff_delay(

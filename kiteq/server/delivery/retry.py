@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import random
 
+from kiteq.config import Jitter
+
 
 def backoff_delay(
-    attempt: int, base: float, maximum: float, jitter: str = "full", rng: random.Random | None = None
+    attempt: int, base: float, maximum: float, jitter: Jitter = Jitter.FULL, rng: random.Random | None = None
 ) -> float:
     """Seconds to wait after the `attempt`-th failed round (1-based).
 
@@ -16,6 +18,6 @@ def backoff_delay(
     waits exactly the cap, for tests and for operators who prefer predictability.
     """
     cap = min(maximum, base * 2.0 ** min(max(attempt - 1, 0), 62))
-    if jitter == "none":
+    if jitter == Jitter.NONE:
         return cap
     return (rng or random).uniform(0.0, cap)

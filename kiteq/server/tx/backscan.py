@@ -25,6 +25,7 @@ from kiteq.server.events import Events
 from kiteq.server.groups import GroupTable
 from kiteq.server.ratelimit import TokenBucket
 from kiteq.server.tx.checks import TxCheck
+from protocol.logevents import LogEvent
 from stores import MessageStore, StoreError
 from stores.entity import MessageEntity
 
@@ -84,7 +85,7 @@ class TxBackscan:
         if entity.deliver_count >= self.config.tx_check_max:
             if await self.store.dead_letter(entity.message_id, "tx-unresolved"):
                 self.events.emit(
-                    "dead_lettered", entity, reason="tx-unresolved", attempt=entity.deliver_count
+                    LogEvent.DEAD_LETTERED, entity, reason="tx-unresolved", attempt=entity.deliver_count
                 )
             return False
         if self.inflight[group] >= self.config.tx_check_inflight:
@@ -103,7 +104,7 @@ class TxBackscan:
         await self.store.update_delivery(entity.message_id, (), (), checks, now)
         self.inflight[group] += 1
         peer.ask(TxCheck(entity, self.settled, now), self.config.tx_check_timeout)
-        self.events.emit("tx_checked", entity, reason="asked", attempt=checks)
+        self.events.emit(LogEvent.TX_CHECKED, entity, reason="asked", attempt=checks)
         return True
 
     def settled(self, check: TxCheck, reason: str) -> None:
@@ -113,4 +114,4 @@ class TxBackscan:
         if self.inflight[group] <= 0:
             del self.inflight[group]
         if reason:
-            self.events.emit("tx_checked", check.entity, reason=reason)
+            self.events.emit(LogEvent.TX_CHECKED, check.entity, reason=reason)

@@ -13,6 +13,7 @@ import structlog
 from kiteq.server.delivery.dispatcher import Dispatcher
 from kiteq.server.events import Events
 from protocol import TxStatus
+from protocol.logevents import LogEvent
 from stores import MessageStore
 from stores.entity import MessageEntity
 
@@ -40,12 +41,12 @@ async def apply_decision(
         if committed is None:
             return True
         if not entity.commit:
-            events.emit("committed", committed, groups=dispatcher.target_groups(committed))
+            events.emit(LogEvent.COMMITTED, committed, groups=dispatcher.target_groups(committed))
         dispatcher.submit(committed)
         return True
     if status is TxStatus.ROLLBACK:
         if await store.rollback(message_id):
-            events.emit("rolled_back", entity)
+            events.emit(LogEvent.ROLLED_BACK, entity)
             return True
         if entity.commit:
             log.warning(
