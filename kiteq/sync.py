@@ -238,23 +238,32 @@ class Producer(_Blocking[AsyncProducer]):
             f"kiteq-producer-{options.group}",
         )
 
-    def send(self, message: Message) -> str:
-        """Store the message on a broker; its id once stored. Raises SendError."""
-        return self._loop.call(partial(self.client.send, message))
+    def send(self, message: Message, *, compress: bool = False) -> str:
+        """Store the message on a broker; its id once stored. Raises SendError.
 
-    def send_string(self, topic: str, message_type: str, text: str, **options: Any) -> str:
+        `compress=True` sends the body snappy-compressed, as kiteq.Producer.send.
+        """
+        return self._loop.call(partial(self.client.send, message, compress=compress))
+
+    def send_string(
+        self, topic: str, message_type: str, text: str, *, compress: bool = False, **options: Any
+    ) -> str:
         """Send a StringMessage; `options` are Message fields (properties, ttl, deliver_limit, fly…)."""
-        return self.send(Message(topic, message_type, text, **options))
+        return self.send(Message(topic, message_type, text, **options), compress=compress)
 
-    def send_bytes(self, topic: str, message_type: str, body: bytes, **options: Any) -> str:
+    def send_bytes(
+        self, topic: str, message_type: str, body: bytes, *, compress: bool = False, **options: Any
+    ) -> str:
         """Send a BytesMessage; `options` as for `send_string`."""
-        return self.send(Message(topic, message_type, bytes(body), **options))
+        return self.send(Message(topic, message_type, bytes(body), **options), compress=compress)
 
-    def send_many(self, messages: Sequence[Message]) -> list[SendResult]:
+    def send_many(self, messages: Sequence[Message], *, compress: bool = False) -> list[SendResult]:
         """Send all at once, pipelined; one SendResult per message, in order."""
-        return self._loop.call(partial(self.client.send_many, messages))
+        return self._loop.call(partial(self.client.send_many, messages, compress=compress))
 
-    def send_tx(self, message: Message, local_tx: Callable[[Message], object]) -> TxStatus:
+    def send_tx(
+        self, message: Message, local_tx: Callable[[Message], object], *, compress: bool = False
+    ) -> TxStatus:
         """Two-phase send; `local_tx(message)` runs in *this* thread between store and decision.
 
         Running it here keeps thread-bound resources usable (a sqlite3 connection, a
@@ -262,7 +271,7 @@ class Producer(_Blocking[AsyncProducer]):
         raising rolls back (the exception is re-raised after the rollback is sent).
         """
         with self._loop.busy():
-            connection = self._loop.run(partial(self.client._begin_tx, message))
+            connection = self._loop.run(partial(self.client._begin_tx, message, compress))
             try:
                 committed = bool(local_tx(message))
             except BaseException:

@@ -1,5 +1,12 @@
 """A framed byte stream: the I/O edge of a connection, around its sans-IO Session.
 
+Two lanes go out: *control* frames (auth, store acks, heartbeat replies, questions)
+and *bulk* frames (deliveries). Control frames always go first, and a send takes at
+most `BULK_SEND_BYTES` of bulk, so a consumer that reads slowly still gets its
+heartbeat replies behind a bounded amount of data. What bulk waits is the owner's to
+bound (`bulk_bytes`, the back-pressure signal); `on_sent` tells the owner which bulk
+frames left for the socket, so a delivery's timeout starts when it was really sent.
+
 Both the broker's and the clients' connections use it: bytes read go to the owner
 (which feeds its `protocol.Session`), encoded frames go out through the outbox. Writes never block the
 caller: frames go into an outbox that one writer task flushes with a single
@@ -19,6 +26,7 @@ the writer runs, and what coalesces is only what was queued at the same moment.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -29,6 +37,7 @@ log = structlog.get_logger(__name__)
 READ_SIZE = 256 * 1024
 DEFAULT_OUTBOX_LIMIT = 64 * 1024 * 1024
 FLUSH_NOW_BYTES = 256 * 1024  # this much queued goes out without letting others add to it
+BULK_SEND_BYTES = 256 * 1024  # bulk taken per send: control frames queued meanwhile go next
 
 
 class OutboxOverflow(Exception):
@@ -44,13 +53,17 @@ class FramedStream:
         outbox_limit: int = DEFAULT_OUTBOX_LIMIT,
         expect_more: Callable[[], bool] = lambda: False,
         read_size: int = READ_SIZE,
+        on_sent: Callable[[list[object]], None] = lambda tokens: None,
     ) -> None:
         self.stream = stream
         self.read_size = read_size
         self.expect_more = expect_more
+        self.on_sent = on_sent
         self.outbox_limit = outbox_limit
         self._outbox: list[bytes] = []
         self._outbox_bytes = 0
+        self._bulk: deque[tuple[bytes, object]] = deque()
+        self.bulk_bytes = 0
         self._wakeup = trio.Event()
         self._closed = False
         self.bytes_in = 0
@@ -61,7 +74,7 @@ class FramedStream:
         return self._closed
 
     def send(self, data: bytes) -> None:
-        """Queue encoded frame bytes; raises OutboxOverflow if the peer stopped reading."""
+        """Queue a control frame; raises OutboxOverflow if the peer stopped reading."""
         if self._closed:
             return
         self._outbox.append(data)
@@ -70,25 +83,51 @@ class FramedStream:
             raise OutboxOverflow(f"peer has {self._outbox_bytes} unread bytes queued")
         self._wakeup.set()
 
+    def send_bulk(self, data: bytes, token: object) -> None:
+        """Queue a bulk frame, sent after every control frame; `token` goes to `on_sent` once sent."""
+        if self._closed:
+            return
+        self._bulk.append((data, token))
+        self.bulk_bytes += len(data)
+        self._wakeup.set()
+
     async def write_loop(self) -> None:
         """Flush the outbox until `finish()` was called and all is sent, or the peer goes away."""
         try:
             while True:
-                if not self._outbox:
+                if not self._outbox and not self._bulk:
                     if self._closed:
                         return
                     await self._wakeup.wait()
                     self._wakeup = trio.Event()
                     continue
-                if self._outbox_bytes < FLUSH_NOW_BYTES and self.expect_more():
+                if self._outbox_bytes + self.bulk_bytes < FLUSH_NOW_BYTES and self.expect_more():
                     await trio.lowlevel.checkpoint()  # the tasks ready now add their frames first
                 batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
+                tokens = self._take_bulk(batch)
                 data = b"".join(batch)
                 await self.stream.send_all(data)
                 self.bytes_out += len(data)
+                if tokens:
+                    self.on_sent(tokens)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._closed = True
             self._outbox.clear()
+            self._bulk.clear()
+            self.bulk_bytes = 0
+
+    def _take_bulk(self, batch: list[bytes]) -> list[object]:
+        """Move up to BULK_SEND_BYTES of bulk frames (at least one) into `batch`; their tokens."""
+        bulk = self._bulk
+        tokens: list[object] = []
+        taken = 0
+        while bulk and (not tokens or taken < BULK_SEND_BYTES):
+            data, token = bulk.popleft()
+            batch.append(data)
+            tokens.append(token)
+            taken += len(data)
+        self.bulk_bytes -= taken
+        return tokens
 
     def finish(self) -> None:
         """Accept no more frames; the write loop returns once the outbox is flushed."""

@@ -426,6 +426,12 @@ class Session:
         ack = pb.MessageStoreAck(messageId=message_id, status=stored, feedback=feedback)
         return encode_frame(opaque, Cmd.MESSAGE_STORE_ACK, ack)
 
+    def restart_deadline(self, opaque: int, deadline: float) -> None:
+        """Move a pending request's deadline (the broker starts a delivery's when it reached the socket)."""
+        entry = self._pending.get(opaque)
+        if entry is not None:
+            self._pending[opaque] = (entry[0], deadline, entry[2])
+
     def forget(self, opaque: int) -> None:
         """Stop waiting for an answer (the requester gave up); a late answer is then ignored."""
         if opaque in self._pending:

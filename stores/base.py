@@ -33,6 +33,18 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message to dead-letter, and the truth about it at that moment."""
+
+    message_id: str
+    reason: str
+    deliver_count: int
+    succ_groups: tuple[str, ...]
+    fail_groups: tuple[str, ...]
+    at: float  # when it was dead-lettered: kept as the dead letter's next_deliver_at
+
+
+@dataclass(frozen=True, slots=True)
 class Page:
     """One page of a scan; `cursor` is None once the scan is complete."""
 
@@ -126,6 +138,17 @@ class MessageStore(AsyncResource):
     @abstractmethod
     async def dead_letter(self, message_id: str, reason: str) -> bool:
         """Move the message to the dead-letter queue; it is kept until redriven or purged."""
+
+    async def dead_letter_many(self, letters: Sequence[DeadLetter]) -> list[bool]:
+        """Dead-letter each message with its final deliver count and groups, and the time
+        (as its next_deliver_at); whether each was found. Stores batch it (one fsync)."""
+        found = []
+        for letter in letters:
+            await self.update_delivery(
+                letter.message_id, letter.succ_groups, letter.fail_groups, letter.deliver_count, letter.at
+            )
+            found.append(await self.dead_letter(letter.message_id, letter.reason))
+        return found
 
     @abstractmethod
     async def redrive(self, message_id: str) -> bool:

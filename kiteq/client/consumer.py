@@ -9,6 +9,7 @@ import trio
 
 from kiteq.budget import Budget
 from kiteq.client.base import Client
+from kiteq.client.compression import CorruptBody, decompress
 from kiteq.client.connection import ClientConnection
 from kiteq.client.listeners import MessageListener
 from kiteq.client.message import Message
@@ -104,6 +105,8 @@ class Consumer(Client):
     async def _process(self, connection: ClientConnection, opaque: int, wire: object) -> None:
         assert isinstance(wire, pb.BytesMessage | pb.StringMessage)
         message = Message.from_wire(wire)
+        if message.snappy:
+            _decompress(message)
         self._log(LogEvent.RECEIVED, message)
         ok, feedback = False, ""
         try:
@@ -153,3 +156,22 @@ class Consumer(Client):
                 group=self.group,
                 attempt=message.deliver_count,
             )
+
+
+def _decompress(message: Message) -> None:
+    """Decompress a snappy body in place; one that does not decompress reaches the listener as it came.
+
+    KiteQ's Go consumer does the same, so a producer that set the flag on a plain body
+    still has its messages delivered. `message.snappy` stays True then, to tell.
+    """
+    try:
+        message.body = decompress(message.body)
+    except CorruptBody as exc:
+        log.warning(
+            "consumer.body_not_decompressed",
+            message_id=message.message_id,
+            error=str(exc),
+            detail="the listener gets the body as it came, with message.snappy still True",
+        )
+        return
+    message.snappy = False

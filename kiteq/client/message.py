@@ -6,6 +6,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from kiteq.client.compression import compress as snappy_compress
 from protocol import Cmd, pb
 
 # Set by the broker on every delivery (see kiteq.server.delivery.rounds).
@@ -30,6 +31,9 @@ class Message:
     unix seconds (-1: the broker's maximum of 7 days); `ttl` is a convenience that
     sets it relative to the send time. `deliver_count` is filled in on receipt: 1 on
     the first delivery, more on redeliveries, so consumers can tell and dedupe.
+    `snappy` says the body is snappy-compressed (`header.snappy`): a Consumer
+    decompresses before its listener sees the message, so a received one has it set
+    only when that failed and the body is as it came.
     """
 
     topic: str
@@ -56,13 +60,17 @@ class Message:
         self._fill(header)
         return header
 
-    def to_wire(self) -> pb.BytesMessage | pb.StringMessage:
+    def to_wire(self, compress: bool = False) -> pb.BytesMessage | pb.StringMessage:
+        """The wire message; `compress` sends the body snappy-compressed and flagged, as KiteQ's Go client."""
+        body = snappy_compress(self.body) if compress else self.body
         # The header is filled in place: building it apart and passing it in copies it.
-        if isinstance(self.body, str):
-            wire: pb.BytesMessage | pb.StringMessage = pb.StringMessage(body=self.body)
+        if isinstance(body, str):
+            wire: pb.BytesMessage | pb.StringMessage = pb.StringMessage(body=body)
         else:
-            wire = pb.BytesMessage(body=bytes(self.body))
+            wire = pb.BytesMessage(body=bytes(body))
         self._fill(wire.header)
+        if compress:
+            wire.header.snappy = True
         return wire
 
     def _fill(self, header: pb.Header) -> None:

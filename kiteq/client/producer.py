@@ -61,16 +61,20 @@ class Producer(Client):
 
     # -- sending --------------------------------------------------------------------------
 
-    async def send(self, message: Message) -> str:
-        """Store the message on a broker; its id once stored. Raises SendError."""
-        await self._store(message)
+    async def send(self, message: Message, *, compress: bool = False) -> str:
+        """Store the message on a broker; its id once stored. Raises SendError.
+
+        `compress=True` sends the body snappy-compressed (`header.snappy`), as KiteQ's Go
+        client does; consumers, ours and Go's, decompress it. `message` is not changed.
+        """
+        await self._store(message, compress)
         return message.message_id
 
-    async def _store(self, message: Message) -> ClientConnection:
+    async def _store(self, message: Message, compress: bool) -> ClientConnection:
         message.group = self.group
         connection = await self.pool.connection_for(message.topic, self.options.send_timeout)
         try:
-            ack = await connection.request(message.cmd, message.to_wire(), self.options.send_timeout)
+            ack = await connection.request(message.cmd, message.to_wire(compress), self.options.send_timeout)
         except trio.TooSlowError:
             self._log(LogEvent.SEND_FAILED, message, reason="timeout")
             raise SendError(
@@ -91,21 +95,25 @@ class Producer(Client):
         self._log(LogEvent.SENT, message, broker=connection.address)
         return connection
 
-    async def send_string(self, topic: str, message_type: str, text: str, **options: Any) -> str:
+    async def send_string(
+        self, topic: str, message_type: str, text: str, *, compress: bool = False, **options: Any
+    ) -> str:
         """Send a StringMessage; `options` are Message fields (properties, ttl, deliver_limit, fly…)."""
-        return await self.send(Message(topic, message_type, text, **options))
+        return await self.send(Message(topic, message_type, text, **options), compress=compress)
 
-    async def send_bytes(self, topic: str, message_type: str, body: bytes, **options: Any) -> str:
+    async def send_bytes(
+        self, topic: str, message_type: str, body: bytes, *, compress: bool = False, **options: Any
+    ) -> str:
         """Send a BytesMessage; `options` as for `send_string`."""
-        return await self.send(Message(topic, message_type, bytes(body), **options))
+        return await self.send(Message(topic, message_type, bytes(body), **options), compress=compress)
 
-    async def send_many(self, messages: Sequence[Message]) -> list[SendResult]:
+    async def send_many(self, messages: Sequence[Message], *, compress: bool = False) -> list[SendResult]:
         """Send all at once, pipelined (many requests in flight); one result per message, in order."""
         results: list[SendResult | None] = [None] * len(messages)
 
         async def send_one(index: int, message: Message) -> None:
             try:
-                await self._store(message)
+                await self._store(message, compress)
                 results[index] = SendResult(message.message_id)
             except SendError as exc:
                 results[index] = SendResult(message.message_id, exc)
@@ -115,7 +123,7 @@ class Producer(Client):
                 nursery.start_soon(send_one, index, message)
         return [r for r in results if r is not None]
 
-    async def send_tx(self, message: Message, local_tx: LocalTx) -> TxStatus:
+    async def send_tx(self, message: Message, local_tx: LocalTx, *, compress: bool = False) -> TxStatus:
         """Two-phase send: store uncommitted, run `local_tx`, then commit or roll back.
 
         `local_tx(message)` returning truthy commits; falsy or raising rolls back (the
@@ -123,7 +131,7 @@ class Producer(Client):
         sent (the broker went away), the broker asks this group's CheckMessageListener
         later; the returned status is the decision taken.
         """
-        connection = await self._begin_tx(message)
+        connection = await self._begin_tx(message, compress)
         try:
             committed = bool(await local_tx(message))
         except BaseException:
@@ -131,10 +139,10 @@ class Producer(Client):
             raise
         return await self._end_tx(connection, message, committed=committed)
 
-    async def _begin_tx(self, message: Message) -> ClientConnection:
+    async def _begin_tx(self, message: Message, compress: bool) -> ClientConnection:
         """Store the message uncommitted (send_tx's first half; kiteq.sync runs local_tx between)."""
         message.commit = False
-        return await self._store(message)
+        return await self._store(message, compress)
 
     async def _end_tx(
         self, connection: ClientConnection, message: Message, *, committed: bool, feedback: str = ""

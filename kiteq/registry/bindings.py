@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import re2  # type: ignore[import-untyped]
+
 from protocol import BindType
 from protocol.errors import KiteQError
+from protocol.session import quote
 
 DEFAULT_WATERMARK = 1000
 BINDING_VERSION = "1.0.0"
@@ -25,9 +27,39 @@ class BindingError(KiteQError):
     """A binding is malformed or conflicts with another one of the same group and topic."""
 
 
+class PatternError(BindingError):
+    """A regex binding's pattern that RE2 cannot compile; `reason` is RE2's own words."""
+
+    def __init__(self, pattern: str, reason: str) -> None:
+        super().__init__(
+            f"invalid regex {quote(pattern)}: {reason} (patterns are RE2 syntax, as in Go's regexp "
+            "that KiteQ uses: no backreferences, no look-around)"
+        )
+        self.pattern = pattern
+        self.reason = reason
+
+
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # RE2 would print each refusal to stderr; PatternError carries it
+
+
 @functools.lru_cache(maxsize=4096)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
+def compile_pattern(pattern: str) -> Any:
+    """The pattern compiled by RE2, which matches in time linear in the messageType.
+
+    A backtracking engine (Python's `re`) takes exponential time on patterns such as
+    `(a+)+`, on the broker's event loop: one binding could stall every connection.
+    """
+    try:
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        text = exc.args[0] if exc.args else b""
+        text = text.decode(errors="replace") if isinstance(text, bytes) else str(text)
+        # RE2 says "<what>: <the offending part of the pattern>"; that part is cut like any client text.
+        what, _, part = text.partition(": ")
+        raise PatternError(pattern, f"{what}: {quote(part)}" if part else what) from None
+    except UnicodeEncodeError as exc:  # a lone surrogate, from JSON's \ud800
+        raise PatternError(pattern, f"not encodable as UTF-8: {exc.reason}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +69,10 @@ class Binding:
     `watermark` caps the deliveries of this binding in flight to the group at once;
     `persistent` keeps messages for the group while none of its consumers is online
     (otherwise they are skipped for it and logged as `dropped`).
+
+    A regex pattern is checked by `regex` and when the binding is written to a registry
+    (`check_conflicts`), not here: what a registry holds must still be readable (listed,
+    removed, skipped by the broker) even when RE2 refuses its pattern.
     """
 
     group: str
@@ -52,12 +88,7 @@ class Binding:
             raise BindingError("a binding needs a topic")
         if self.watermark <= 0:
             raise BindingError(f"watermark must be positive, got {self.watermark}")
-        if self.bind_type is BindType.REGEX:
-            try:
-                _compiled(self.message_type)
-            except re.error as exc:
-                raise BindingError(f"invalid regex {self.message_type!r}: {exc}") from None
-        elif self.bind_type is BindType.DIRECT and not self.message_type:
+        if self.bind_type is BindType.DIRECT and not self.message_type:
             raise BindingError("a direct binding needs a messageType")
 
     @classmethod
@@ -82,7 +113,10 @@ class Binding:
         watermark: int = DEFAULT_WATERMARK,
         persistent: bool = True,
     ) -> Binding:
-        return cls(group, topic, pattern, BindType.REGEX, watermark, persistent)
+        """Messages of `topic` whose messageType `pattern` fully matches; PatternError if RE2 refuses it."""
+        binding = cls(group, topic, pattern, BindType.REGEX, watermark, persistent)
+        binding.check()
+        return binding
 
     @classmethod
     def fanout(
@@ -106,13 +140,19 @@ class Binding:
         """Identity of a binding: a group has at most one binding per (topic, messageType pattern)."""
         return (self.group, self.topic, self.message_type)
 
+    def check(self) -> None:
+        """Raise PatternError if this is a regex binding RE2 cannot compile."""
+        if self.bind_type is BindType.REGEX:
+            compile_pattern(self.message_type)
+
     def matches(self, topic: str, message_type: str) -> bool:
+        """Raises PatternError for a regex RE2 refuses (`check` tells beforehand)."""
         if topic != self.topic:
             return False
         if self.bind_type is BindType.FANOUT:
             return True
         if self.bind_type is BindType.REGEX:
-            return _compiled(self.message_type).fullmatch(message_type) is not None
+            return compile_pattern(self.message_type).fullmatch(message_type) is not None
         return message_type == self.message_type
 
     def conflicts_with(self, other: Binding) -> bool:
@@ -170,9 +210,17 @@ def decode_bindings(data: bytes) -> list[Binding]:
 
 
 def check_conflicts(existing: Iterable[Binding], new: Binding) -> None:
-    """Raise BindingError naming the binding `new` overlaps with."""
+    """Raise PatternError if RE2 refuses `new`, BindingError naming the binding it overlaps with."""
+    new.check()
     for binding in existing:
-        if binding.conflicts_with(new):
+        try:
+            overlaps = binding.conflicts_with(new)
+        except PatternError as exc:  # one of `existing`, read from a registry anything may write to
+            raise BindingError(
+                f"group {new.group!r} has regex {quote(exc.pattern)} on topic {new.topic!r}, which RE2 cannot "
+                f"compile ({exc.reason}): remove it first (kiteq-admin bindings remove)"
+            ) from None
+        if overlaps:
             raise BindingError(
                 f"binding {new.message_type!r} ({new.bind_type.name.lower()}) of group {new.group!r} on topic "
                 f"{new.topic!r} overlaps {binding.message_type!r} ({binding.bind_type.name.lower()}): "

@@ -51,6 +51,8 @@ from stores import MessageStore, SharedStore, open_store
 log = structlog.get_logger(__name__)
 
 EXPIRY_TICK = 0.1
+TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux 3.12+
+NOTSENT_LOWAT_BYTES = 64 * 1024
 SHUTDOWN_GRACE = 10.0
 ACCEPT_RETRY = 0.1
 
@@ -244,7 +246,7 @@ class Broker:
                     )
             self.denied_bindings = denied
         self.router.update(bindings)
-        self.dispatcher.sync_lanes(bindings)
+        self.dispatcher.sync_lanes(self.router.bindings)  # those the router skipped get no lane
         self.recover_signal.wake()
         if self._nursery is not None:
             self._nursery.start_soon(self._register)
@@ -267,6 +269,9 @@ class Broker:
         for victim in evicted:
             victim.evict()  # type: ignore[attr-defined]
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        # Little unsent data waits in the kernel behind a slow reader (it waits in our bulk
+        # lane instead, where control frames overtake it and its timeouts have not started).
+        stream.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, NOTSENT_LOWAT_BYTES)
         self.connections.add(connection)
         try:
             await connection.serve()
@@ -291,6 +296,9 @@ class Broker:
             known_group=hello.group in self.authenticator.secrets,
         )
         return refusal.reason
+
+    def drained(self, connection: BrokerConnection) -> None:
+        self.groups.drained(connection.group)
 
     def authenticated(self, connection: BrokerConnection) -> None:
         self.admission.authenticated(connection)
@@ -338,6 +346,7 @@ class Broker:
                 "connected": self.registry.connected,
                 "state": getattr(self.registry, "state", "CONNECTED" if self.registry.connected else "LOST"),
             },
+            "routing": self.router.stats(),
             "groups": groups,
             "topics": topics,
             "lanes": lanes,

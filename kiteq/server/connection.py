@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import structlog
 import trio
@@ -51,6 +51,12 @@ from protocol.session import (
 log = structlog.get_logger(__name__)
 
 IDLE_DEADLINE_STEP = 0.1  # of idle_timeout; see BrokerConnection._still_active
+# Deliveries waiting unsent in our buffer beyond this many bytes make the connection
+# congested: it gets no more until it drains, so a slow reader holds little of ours.
+CONGESTION_BYTES = 256 * 1024
+# A delivery's deliver_timeout starts when it reaches the socket; until then it may wait
+# this many timeouts in our buffer (a consumer that reads nothing at all still times out).
+UNSENT_GRACE = 10
 # One read can hold thousands of small frames (a consumer's acks): the reader lets the
 # rest of the broker run after this many, so a producer's acks are not held up behind them.
 READ_BURST = 128
@@ -70,6 +76,9 @@ class Host(Protocol):
     def authenticated(self, connection: BrokerConnection) -> None:
         """It proved its group: it may now be delivered to and asked."""
 
+    def drained(self, connection: BrokerConnection) -> None:
+        """It was congested and its unsent deliveries went out: it may be given more."""
+
 
 class Refused(Exception):
     """The connection must end now (failed auth, overflow)."""
@@ -86,8 +95,13 @@ class BrokerConnection:
         )
         self._tcp = stream
         self.framed = FramedStream(
-            stream, expect_more=self._busy, read_size=self.session.frame_limit + HEADER_SIZE
+            stream,
+            expect_more=self._busy,
+            read_size=self.session.frame_limit + HEADER_SIZE,
+            on_sent=self._deliveries_sent,
         )
+        self._deliver_timeout = 0.0
+        self._was_congested = False
         self.warmup_seconds = 0.0
         self.authenticated_at = 0.0
         self.connected_at = trio.current_time()
@@ -121,6 +135,10 @@ class BrokerConnection:
     @property
     def alive(self) -> bool:
         return self.authenticated and not self.framed.closed
+
+    @property
+    def congested(self) -> bool:
+        return self.framed.bulk_bytes >= CONGESTION_BYTES
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -171,12 +189,24 @@ class BrokerConnection:
     # -- requests we send ---------------------------------------------------------------
 
     def deliver(self, delivery: Delivery, timeout: float) -> None:
+        """Queue a delivery after the control frames; its timeout starts once it is sent."""
         round_ = delivery.round
+        self._deliver_timeout = timeout
         delivery.opaque, frame = self.session.request(
-            round_.cmd, round_.body, delivery, trio.current_time() + timeout
+            round_.cmd, round_.body, delivery, trio.current_time() + UNSENT_GRACE * timeout
         )
         delivery.sent_at = self.host.clock()
-        self._send(frame)
+        self.framed.send_bulk(frame, delivery)
+        self._was_congested = self._was_congested or self.congested
+
+    def _deliveries_sent(self, sent: list[object]) -> None:
+        """Deliveries reached the socket: their deliver_timeout starts now."""
+        deadline = trio.current_time() + self._deliver_timeout
+        for delivery in sent:
+            self.session.restart_deadline(cast(Delivery, delivery).opaque, deadline)
+        if self._was_congested and not self.congested:
+            self._was_congested = False
+            self.host.drained(self)
 
     def ask(self, check: TxCheck, timeout: float) -> None:
         packet = pb.TxACKPacket(

@@ -6,6 +6,8 @@ import random
 from collections import defaultdict
 from typing import Protocol
 
+import trio
+
 from kiteq.server.delivery.lanes import Delivery
 from kiteq.server.tx.checks import TxCheck
 
@@ -29,6 +31,10 @@ class Peer(Protocol):
     @property
     def alive(self) -> bool: ...
 
+    @property
+    def congested(self) -> bool:
+        """Too many of its deliveries wait unsent: give it no more until it drains."""
+
     def deliver(self, delivery: Delivery, timeout: float) -> None:
         """Send; `delivery.resolve` is called once it is answered, times out or the connection is lost."""
 
@@ -50,6 +56,7 @@ class GroupTable:
     def __init__(self, rng: random.Random | None = None) -> None:
         self._groups: dict[str, list[Peer]] = defaultdict(list)
         self._rng = rng or random.Random()
+        self._drained: dict[str, trio.Event] = {}
 
     def add(self, peer: Peer) -> None:
         self._groups[peer.group].append(peer)
@@ -70,15 +77,27 @@ class GroupTable:
     def groups(self) -> dict[str, int]:
         return {group: len(peers) for group, peers in self._groups.items()}
 
+    async def wait_drained(self, group: str) -> None:
+        """Until a congested connection of `group` drains (`drained` is called for it)."""
+        event = self._drained.get(group)
+        if event is None:
+            event = self._drained[group] = trio.Event()
+        await event.wait()
+
+    def drained(self, group: str) -> None:
+        event = self._drained.pop(group, None)
+        if event is not None:
+            event.set()
+
     def pick(self, group: str, now: float) -> Peer | None:
-        """The least-loaded live connection among those eligible this time.
+        """The least-loaded live connection among those eligible this time; None if all are congested.
 
         A warming-up connection is eligible with probability equal to its weight (as
         KiteQ's warm-up filter does), so it receives roughly that fraction of a full
         peer's share; if no connection is eligible, all live ones are. Ties between
         equally loaded peers are broken at random so they share evenly.
         """
-        live = [p for p in self._groups.get(group, ()) if p.alive]
+        live = [p for p in self._groups.get(group, ()) if p.alive and not p.congested]
         if len(live) <= 1:
             return live[0] if live else None
         eligible = [

@@ -44,7 +44,7 @@ from typing import Any, Self
 import structlog
 import trio
 
-from stores.base import Cursor, MessageStore, Page, StoreStats
+from stores.base import Cursor, DeadLetter, MessageStore, Page, StoreStats
 from stores.entity import MessageEntity
 from stores.errors import StoreError, StoreUnavailable
 from stores.file import layout, records
@@ -246,6 +246,19 @@ class FileStore(MessageStore):
 
     async def purge(self, message_id: str) -> bool:
         return await self._change(Op(RecordType.PURGE, message_id, 0, 0))
+
+    async def dead_letter_many(self, letters: Sequence[DeadLetter]) -> list[bool]:
+        """Each letter's final delivery state and its DEAD record in one append and one fsync."""
+        ops = []
+        for letter in letters:
+            groups = (letter.succ_groups, letter.fail_groups)
+            ops.append(
+                Op(RecordType.DELIVERY, letter.message_id, 0, 0, letter.deliver_count, letter.at, groups)
+            )
+            ops.append(Op(RecordType.DEAD, letter.message_id, 0, 0, reason=letter.reason))
+        answers, batch = self._apply(self._writable(), ops)
+        await self._wait_for((batch,))
+        return answers[1::2]
 
     async def finish_many(self, message_ids: Sequence[str]) -> list[bool]:
         answers, batch = self._apply(self._writable(), [Op(RecordType.FINISH, i, 0, 0) for i in message_ids])

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from protocol import Cmd
-from stores import MessageEntity, MessageStore, open_store
+from stores import DeadLetter, MessageEntity, MessageStore, open_store
 
 
 def new_entity(
@@ -167,6 +167,29 @@ async def test_page_due_passes_over_skipped_ids(store: MessageStore) -> None:
     assert sorted(e.message_id for e in items) == sorted(
         e.message_id for e in due if e.message_id not in on_their_way
     )
+
+
+async def test_dead_letters_record_their_final_deliver_count_groups_and_time(store: MessageStore) -> None:
+    first, second = new_entity(next_deliver_at=0.0), new_entity(next_deliver_at=0.0)
+    for entity in (first, second):
+        await store.save(entity)
+    letters = [
+        DeadLetter(first.message_id, "deliver-limit", 3, ("a",), ("b",), 1234.5),
+        DeadLetter(second.message_id, "expired", 1, (), ("b",), 1235.0),
+        DeadLetter("0" * 32, "expired", 1, (), (), 1235.0),
+    ]
+    assert await store.dead_letter_many(letters) == [True, True, False]
+    dead = await store.get(first.message_id)
+    assert dead is not None and dead.dead and dead.dead_reason == "deliver-limit"
+    assert (dead.deliver_count, dead.succ_groups, dead.fail_groups, dead.next_deliver_at) == (
+        3,
+        ("a",),
+        ("b",),
+        1234.5,
+    )
+    listed = await all_pages(lambda after, limit: store.page_dead(after, limit))
+    assert sorted(e.message_id for e in listed) == sorted([first.message_id, second.message_id])
+    assert (await store.page_due(10_000.0, None, 10)).items == []
 
 
 async def test_page_due_passes_over_parked_topics(store: MessageStore) -> None:

@@ -139,6 +139,28 @@ def test_bad_arguments_exit_2(tmp_path: Path) -> None:
     assert bad_regex.returncode == 2 and "invalid regex" in bad_regex.stderr
 
 
+def test_a_pattern_re2_refuses_is_refused_and_one_already_there_can_be_removed(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}/registry.json"
+    refused = admin(uri, "bindings", "add", "--group", "g", "--topic", "t", "--regex", r"(a)\1")
+    assert refused.returncode == 2, refused.stdout
+    assert refused.stderr.startswith(r"error: invalid regex '(a)\\1': invalid escape sequence: '\\1'")
+    assert "RE2 syntax" in refused.stderr and "Traceback" not in refused.stderr
+    assert admin(uri, "bindings", "list").stdout.strip() == "no bindings"
+
+    # One written by a tool that checks nothing is listed, blocks nothing silently, and can be removed.
+    bad = {"groupId": "g", "topic": "t", "messageType": r"(a)\1", "bindType": 1}
+    (tmp_path / "registry.json").write_text(json.dumps({"bindings": {"t": {"g": [bad]}}}))
+    assert "regex (a)\\1" in admin(uri, "groups").stdout
+    blocked = admin(uri, "bindings", "add", "--group", "g", "--topic", "t", "--direct", "x")
+    assert (
+        blocked.returncode == 2
+        and "which RE2 cannot compile" in blocked.stderr
+        and "remove it" in blocked.stderr
+    )
+    removed = admin(uri, "bindings", "remove", "--group", "g", "--topic", "t", "--type", r"(a)\1")
+    assert removed.returncode == 0, removed.stderr
+
+
 def test_default_registry_is_the_local_file(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "kiteq.cli.admin", "bindings", "add", "--group", "g", "--topic", "t", "--fanout"],

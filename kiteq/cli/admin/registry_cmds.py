@@ -139,7 +139,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add.add_argument("--topic", required=True)
     kind = add.add_mutually_exclusive_group(required=True)
     kind.add_argument("--direct", metavar="TYPE", help="messages of exactly this messageType")
-    kind.add_argument("--regex", metavar="PATTERN", help="messageTypes this regex fully matches")
+    kind.add_argument(
+        "--regex",
+        metavar="PATTERN",
+        help="messageTypes this regex (RE2 syntax, as Go's regexp) fully matches",
+    )
     kind.add_argument("--fanout", action="store_true", help="every message of the topic")
     add.add_argument(
         "--watermark",

@@ -56,6 +56,7 @@ def describe(entity: MessageEntity) -> dict[str, object]:
         "producer_group": entity.producer_group,
         "reason": entity.dead_reason,
         "deliver_count": entity.deliver_count,
+        "dead_at": entity.next_deliver_at,  # dead_letter_many keeps the time there
         "succ_groups": list(entity.succ_groups),
         "fail_groups": list(entity.fail_groups),
         "created_at": entity.created_at,

@@ -23,15 +23,18 @@ from kiteq.server.delivery.lanes import Delivery, Lane
 from kiteq.server.delivery.retry import backoff_delay
 from kiteq.server.delivery.rounds import Outcome, Round, Verdict, first_due
 from kiteq.server.events import Events
-from kiteq.server.groups import GroupTable
+from kiteq.server.groups import GroupTable, Peer
 from kiteq.server.routing import Router
 from protocol.logevents import LogEvent
-from stores import MessageStore, StoreError
+from stores import DeadLetter, MessageStore, StoreError
 from stores.entity import MessageEntity
 
 log = structlog.get_logger(__name__)
 
 PUMP_BURST = 64
+# How often a pump whose group is all congested looks again (besides being woken on a drain):
+# a connection that closes meanwhile wakes nobody.
+CONGESTION_RECHECK = 0.5
 
 
 class Dispatcher:
@@ -106,6 +109,10 @@ class Dispatcher:
             return False
         bindings = self.router.route(entity.topic, entity.message_type)
         owed = [b for b in bindings if b.group not in entity.succ_groups] if entity.succ_groups else bindings
+        if not bindings:
+            # Routed nowhere: nothing is sent, so the round keeps no body (a flood of such
+            # messages must not hold their bytes in memory until the outcomes are written).
+            entity.body = b""
         round_ = Round.of(entity, self.router.groups(entity.topic, entity.message_type), sent)
         self.rounds[entity.message_id] = round_
         if not bindings or entity.is_expired(self.clock()):
@@ -191,7 +198,7 @@ class Dispatcher:
         sent = 0
         while (delivery := await lane.next()) is not None:
             await lane.take_slot()  # a free slot is taken without yielding: a burst goes out in one pass
-            peer = None if self.draining or lane.closed else self.groups.pick(lane.group, self.clock())
+            peer = await self._writable_peer(lane)
             if peer is None:
                 lane.free_slot()
                 self._give_back(delivery)
@@ -206,6 +213,17 @@ class Dispatcher:
             sent += 1
             if sent % PUMP_BURST == 0:  # a long burst still lets the rest of the broker run
                 await trio.lowlevel.checkpoint()
+
+    async def _writable_peer(self, lane: Lane) -> Peer | None:
+        """A connection of the lane's group to send to; while every one is congested, wait for one
+        to drain (back-pressure: the lane waits, nothing is dropped). None: nobody online, or closing."""
+        while not self.draining and not lane.closed:
+            peer = self.groups.pick(lane.group, self.clock())
+            if peer is not None or not self.groups.has_live(lane.group):
+                return peer
+            with trio.move_on_after(CONGESTION_RECHECK):
+                await self.groups.wait_drained(lane.group)
+        return None
 
     def _give_back(self, delivery: Delivery) -> None:
         """A queued delivery that was never sent (group offline, binding removed, shutting down)."""
@@ -270,13 +288,36 @@ class Dispatcher:
                 self.events.emit(LogEvent.FINISHED, round_.entity)
         except StoreError as exc:
             log.warning("delivery.record_failed", messages=len(finished), error=str(exc))
+        dead = [(r, o) for r, o in outcomes if o.verdict is Verdict.DEAD and not r.entity.fly]
+        if dead:
+            await self._dead_letter(dead, now)
         for round_, outcome in outcomes:
-            if outcome.verdict is Verdict.FINISH:
+            if outcome.verdict in (Verdict.FINISH, Verdict.DEAD):
                 continue
             try:
                 await self._record(round_, outcome)
             except StoreError as exc:
                 log.warning("delivery.record_failed", message_id=round_.message_id, error=str(exc))
+
+    async def _dead_letter(self, dead: list[tuple[Round, Outcome]], now: float) -> None:
+        """Dead-letter rounds together (one store write, one fsync), with their final state."""
+        letters = [
+            DeadLetter(r.message_id, o.reason, o.deliver_count, o.succ_groups, o.fail_groups, now)
+            for r, o in dead
+        ]
+        try:
+            found = await self.store.dead_letter_many(letters)
+        except StoreError as exc:
+            log.warning("delivery.record_failed", messages=len(letters), error=str(exc))
+            return
+        for (round_, outcome), stored in zip(dead, found, strict=True):
+            if stored:
+                self.events.emit(
+                    LogEvent.DEAD_LETTERED,
+                    round_.entity,
+                    reason=outcome.reason,
+                    attempt=outcome.deliver_count,
+                )
 
     def drain(self) -> None:
         """Stop sending: queued deliveries go back to the store; in-flight ones may still finish."""
@@ -296,11 +337,6 @@ class Dispatcher:
             return
         now = self.clock()
         match outcome.verdict:
-            case Verdict.DEAD:
-                await self.store.dead_letter(entity.message_id, outcome.reason)
-                self.events.emit(
-                    LogEvent.DEAD_LETTERED, entity, reason=outcome.reason, attempt=outcome.deliver_count
-                )
             case Verdict.RETRY:
                 delay = backoff_delay(
                     outcome.deliver_count,
@@ -320,7 +356,7 @@ class Dispatcher:
                 await self.store.update_delivery(
                     entity.message_id, outcome.succ_groups, (), outcome.deliver_count, now
                 )
-            case Verdict.UNCHANGED | Verdict.FINISH:
+            case Verdict.UNCHANGED | Verdict.FINISH | Verdict.DEAD:
                 pass
 
     # -- introspection ------------------------------------------------------------------

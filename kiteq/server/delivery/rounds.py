@@ -67,7 +67,9 @@ class Round:
         wins; repeated: appended), so every client reads the normalised limits and
         times and the deliver count, exactly as if the header had been rebuilt.
         """
-        if sent:
+        if not targets:
+            body = b""  # nothing will be sent
+        elif sent:
             body = sent + _header_update(entity)
         else:
             wire = entity.to_wire()

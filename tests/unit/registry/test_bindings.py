@@ -9,6 +9,7 @@ import pytest
 from kiteq.registry.bindings import (
     Binding,
     BindingError,
+    PatternError,
     check_conflicts,
     decode_bindings,
     encode_bindings,
@@ -118,3 +119,28 @@ def test_decoding_tolerates_kiteqs_sparse_nodes_and_refuses_garbage() -> None:
     ):
         with pytest.raises(BindingError):
             decode_bindings(garbage)
+
+
+def test_patterns_are_re2_full_matches_in_linear_time() -> None:
+    binding = Binding.regex("t", "(a+)+", group="g")
+    # At once: no backtracking. And a full match, not the leftmost alternative's.
+    assert binding.matches("t", "a" * 40) and not binding.matches("t", "a" * 40 + "b")
+    assert Binding.regex("t", "a|ab", group="g").matches("t", "ab")
+    with pytest.raises(PatternError, match=r"invalid escape sequence") as refused:
+        Binding.regex("t", r"(a)\1", group="g")
+    assert (refused.value.pattern, refused.value.reason) == (r"(a)\1", r"invalid escape sequence: '\\1'")
+
+
+def test_a_pattern_re2_refuses_is_read_from_a_registry_but_never_written() -> None:
+    node = json.dumps([{"groupId": "g", "topic": "t", "messageType": "(a)\\1", "bindType": 1}]).encode()
+    [bad] = decode_bindings(node)  # listed and removable, though not routable
+    assert bad.message_type == r"(a)\1" and bad.with_group("h").group == "h"
+    with pytest.raises(PatternError):
+        bad.check()
+    with pytest.raises(PatternError):
+        merge_binding([], bad)
+    with pytest.raises(BindingError, match=r"has regex '\(a\)\\\\1' on topic 't', which RE2 cannot compile"):
+        merge_binding([bad], Binding.direct("t", "x", group="g"))
+    with pytest.raises(PatternError) as long:
+        Binding.regex("t", "(" + "x" * 1000, group="g")
+    assert len(long.value.reason) < 200, "RE2 quotes the pattern in its reason: cut like any client text"

@@ -135,6 +135,7 @@ class FakePeer:
     warmup_seconds: float = 0.0
     authenticated_at: float = 0.0
     alive: bool = True
+    congested: bool = False
     sent: list[tuple[float, Delivery]] = field(default_factory=list)
     asked: list[tuple[float, TxCheck]] = field(default_factory=list)
     arrived: trio.Event = field(default_factory=trio.Event)

@@ -105,6 +105,7 @@ class FakePeer:
     def __init__(self, group: str, inflight: int = 0, warmup: float = 0.0, at: float = NOW) -> None:
         self.group, self.inflight, self.warmup_seconds, self.authenticated_at = group, inflight, warmup, at
         self.alive = True
+        self.congested = False
 
 
 def test_warmup_weight_ramps_linearly_from_the_floor() -> None:
