@@ -1,0 +1,142 @@
+"""The workload both sides' clients run, so KiteQ-py and RabbitMQ see the same messages and clock.
+
+A body is 1 KiB: its send time (wall clock, so the consumer process can read it) and a
+sequence number (so redeliveries are counted once), then padding. A producer keeps
+`window` sends in flight, optionally released on a fixed schedule; a consumer counts
+distinct sequence numbers until it has them all. Each reports JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import struct
+import time
+
+from benchmarks.harness import percentile
+
+BODY = 1024
+HEADER = struct.Struct(">dQ")  # send time (s since the epoch), sequence number
+PADDING = b"x" * (BODY - HEADER.size)
+# The names both sides use: a KiteQ topic + message type, a RabbitMQ queue.
+TOPIC = "bench"
+MESSAGE_TYPE = "versus"
+QUEUE = "bench.versus"
+PRODUCER_GROUP = "bench-source"
+CONSUMER_GROUP = "bench-sink"
+
+
+def arguments(description: str) -> argparse.Namespace:
+    """The command line both clients share: `produce` or `consume`, at `--target`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("role", choices=["produce", "consume"])
+    parser.add_argument("--target", required=True, help="the broker: a registry URI or an AMQP URL")
+    parser.add_argument("--count", type=int, required=True, help="messages to send or to receive")
+    parser.add_argument("--window", type=int, default=100, help="sends in flight; prefetch / watermark")
+    parser.add_argument("--rate", type=float, help="release sends at this many per second")
+    parser.add_argument("--first", type=int, default=0, help="the first sequence number sent")
+    parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    return parser.parse_args()
+
+
+def emit(report: dict[str, object]) -> int:
+    """Print the report for the benchmark process; the exit status says whether it is complete."""
+    report["cpu_seconds"] = time.process_time()
+    print(json.dumps(report), flush=True)
+    return 0 if report["complete"] else 1
+
+
+class Sends:
+    """A producer's schedule and its confirmations.
+
+    Paced sends carry their scheduled time, not the time they left: a producer that
+    falls behind the schedule shows as latency instead of hiding it.
+    """
+
+    def __init__(self, count: int, rate: float | None, first: int) -> None:
+        self.count = count
+        self.rate = rate
+        self.first = first
+        self.refused = 0  # sends the broker refused and the producer resent
+        self.confirmed: list[float] = []
+        self.start()
+
+    def start(self) -> None:
+        """The clock starts once connected: connecting is not part of the rate."""
+        self.started = time.perf_counter()
+        self.wall_started = time.time()
+
+    def delay(self, index: int) -> float:
+        """Seconds until send `index` is due (never positive when unpaced)."""
+        if self.rate is None:
+            return 0.0
+        return self.started + index / self.rate - time.perf_counter()
+
+    def body(self, index: int) -> bytes:
+        sent = time.time() if self.rate is None else self.wall_started + index / self.rate
+        return HEADER.pack(sent, self.first + index) + PADDING
+
+    def confirm(self, messages: int = 1) -> None:
+        self.confirmed.extend([time.perf_counter()] * messages)
+
+    @property
+    def done(self) -> bool:
+        return len(self.confirmed) >= self.count
+
+    def report(self) -> dict[str, object]:
+        """Confirmed sends per second, over the whole run and its first and last tenth."""
+        done = self.confirmed
+        tenth = max(1, len(done) // 10)
+        return {
+            "complete": self.done,
+            "confirmed": len(done),
+            "refused": self.refused,
+            "rate": _rate(len(done), done[-1] - self.started if done else 0.0),
+            "first_tenth_rate": _rate(tenth, done[tenth - 1] - self.started if done else 0.0),
+            "last_tenth_rate": _rate(tenth, done[-1] - done[-tenth - 1] if len(done) > tenth else 0.0),
+        }
+
+
+class Tally:
+    """What a consumer received: distinct messages, duplicates, and each one's latency."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.seen: set[int] = set()
+        self.duplicates = 0
+        self.latencies: list[float] = []
+        self.first_sent = math.inf
+        self.last_received = 0.0
+        self.started = time.time()
+
+    def record(self, body: bytes) -> bool:
+        """Count one delivery; True once every expected message has arrived."""
+        now = time.time()
+        sent, sequence = HEADER.unpack_from(body)
+        if sequence in self.seen:
+            self.duplicates += 1
+        else:
+            self.seen.add(sequence)
+            self.latencies.append((now - sent) * 1000)
+            self.first_sent = min(self.first_sent, sent)
+            self.last_received = now
+        return len(self.seen) >= self.expected
+
+    def report(self) -> dict[str, object]:
+        """`rate` counts from this consumer's start (a drain); `end_to_end_rate` from the first send."""
+        received = len(self.seen)
+        return {
+            "complete": received >= self.expected,
+            "received": received,
+            "duplicates": self.duplicates,
+            "rate": _rate(received, self.last_received - self.started),
+            "end_to_end_rate": _rate(received, self.last_received - self.first_sent),
+            "p50_ms": percentile(self.latencies, 50),
+            "p99_ms": percentile(self.latencies, 99),
+            "max_ms": max(self.latencies, default=0.0),
+        }
+
+
+def _rate(messages: int, seconds: float) -> float:
+    return messages / seconds if seconds > 0 else 0.0

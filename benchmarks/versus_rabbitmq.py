@@ -1,0 +1,399 @@
+"""KiteQ-py against RabbitMQ: the same workload on each, producer and consumer in processes of their own.
+
+RabbitMQ is Debian's `rabbitmq-server`, a throwaway node started for the run (state in a
+temp dir, loopback only, no plugins), with a durable classic queue, publisher confirms,
+manual acks and prefetch 100 through pika. KiteQ-py is `kiteq-server` on the file store
+(`fsync=batch`) with a persistent binding of watermark 100, through kiteq.Producer and
+kiteq.Consumer. Messages are 1 KiB and persistent. Phases, in order, on each side:
+
+1. sync send: one send in flight, each awaiting its store ack / confirm;
+2. backlog send: 100 in flight while the bound group is offline (rate over the whole
+   run and its first and last tenth, so a rate that falls as the backlog grows shows);
+3. idle: no client connected, the backlog stored: broker CPU over a few seconds;
+4. drain: one consumer takes the backlog of phases 1 and 2;
+5. end to end, unthrottled: consumer online, 100 sends in flight; latency send -> listener;
+6. end to end, paced: sends offered at a fixed rate (latency from each send's scheduled time).
+
+Per phase, the broker's CPU seconds (/proc/PID/stat) and peak RSS (VmHWM, reset at the
+phase's start through /proc/PID/clear_refs), and in its params the clients' CPU seconds
+and the cores the whole machine kept busy (what else ran shows there). Each figure is
+the median of 3 runs per side; every figure comes with its ratio KiteQ-py / RabbitMQ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from benchmarks.clients.workload import BODY, CONSUMER_GROUP, MESSAGE_TYPE, TOPIC
+from benchmarks.harness import Figure
+from kiteq import Binding
+from kiteq.registry import open_registry
+from tests.procs.broker import BrokerProcess
+from tests.procs.memory import memory_of
+from tests.services.ports import free_port, stop_process, wait_for_port
+
+SUITE = "versus_rabbitmq"
+ROOT = Path(__file__).resolve().parents[1]
+WINDOW = 100  # sends in flight, prefetch, watermark
+PACED_RATE = 5_000.0
+RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # Debian's, without its `su` wrapper
+AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
+STOP_TIMEOUT = 30.0
+CLIENT_TIMEOUT = 300.0
+REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Messages per phase, and seconds of the idle phase."""
+
+    sync: int
+    backlog: int
+    end_to_end: int
+    paced: int
+    idle: float
+
+    @classmethod
+    def scaled(cls, messages: int, idle: float) -> Counts:
+        """Sync sends wait for a disk flush each, so they get a tenth; paced ones last
+        `messages / PACED_RATE` seconds."""
+        return cls(messages // 10, messages, messages, messages, idle)
+
+
+@dataclass(frozen=True)
+class Side:
+    """A running broker, the clients' module and address, and the pid whose use is sampled."""
+
+    name: str
+    client: str
+    target: str
+    pid: int
+
+
+class Unavailable(Exception):
+    """RabbitMQ cannot run on this machine: the suite says why and goes on without it."""
+
+
+class Usage:
+    """A broker's CPU seconds and peak RSS over a `with` block, from /proc; and how many
+    cores the whole machine kept busy meanwhile (the broker, both clients, anything else)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.cpu = 0.0
+        self.peak_rss = 0
+        self.machine_busy = 0.0
+        self._machine = (0, 0)
+
+    @staticmethod
+    def _machine_ticks() -> tuple[int, int]:
+        """(all, idle + iowait) clock ticks of every core since boot."""
+        ticks = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(ticks), ticks[3] + ticks[4]
+
+    def _cpu(self) -> float:
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        utime, stime = stat.rpartition(")")[2].split()[11:13]
+        return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self) -> Usage:
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+        self.cpu = self._cpu()
+        self._machine = self._machine_ticks()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.cpu = self._cpu() - self.cpu
+        self.peak_rss = memory_of(self.pid)[1]
+        (total, idle), (total_before, idle_before) = self._machine_ticks(), self._machine
+        busy = 1 - (idle - idle_before) / max(1, total - total_before)
+        self.machine_busy = busy * (os.cpu_count() or 1)
+
+
+def _client(side: Side, role: str, count: int, *options: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", side.client, role, "--target", side.target, "--count", str(count)]
+    return subprocess.Popen(
+        [*command, "--window", str(WINDOW), "--timeout", str(CLIENT_TIMEOUT), *options],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+Report = dict[str, float]
+
+
+def _report(client: subprocess.Popen[str]) -> Report:
+    """The client's JSON report; an incomplete run is an error (its report says how far it got)."""
+    out, _ = client.communicate(timeout=CLIENT_TIMEOUT + 60)
+    last = out.strip().rpartition("\n")[2]
+    if client.returncode or not last.startswith("{"):
+        raise RuntimeError(f"{client.args!r} exited {client.returncode}: {last}")
+    report: Report = json.loads(last)
+    return report
+
+
+def _subscribed(side: Side, count: int) -> subprocess.Popen[str]:
+    """A consumer process, once it says it is consuming."""
+    consumer = _client(side, "consume", count)
+    assert consumer.stdout is not None
+    if consumer.stdout.readline().strip() != "ready":
+        _report(consumer)  # raises: it exited before it was ready
+    return consumer
+
+
+def _end_to_end(side: Side, count: int, *options: str) -> list[Report]:
+    """The producer's and the consumer's reports of `count` messages sent while a consumer is online."""
+    consumer = _subscribed(side, count)
+    try:
+        producer = _report(_client(side, "produce", count, *options))
+    except BaseException:
+        consumer.kill()  # it would wait out its timeout for messages that will not come
+        consumer.wait()
+        raise
+    return [producer, _report(consumer)]
+
+
+# What each phase reads from the report of its last client: figure suffix -> (key, unit).
+SENT = {"": ("rate", "msgs/s")}
+BACKLOG = SENT | {
+    ", first tenth": ("first_tenth_rate", "msgs/s"),
+    ", last tenth": ("last_tenth_rate", "msgs/s"),
+}
+DRAINED = SENT
+LATENCY = {
+    "": ("end_to_end_rate", "msgs/s"),
+    " p50": ("p50_ms", "ms"),
+    " p99": ("p99_ms", "ms"),
+}
+PACED = LATENCY | {" max": ("max_ms", "ms")}
+IDLE = "idle with backlog"
+
+# name -> (value, unit, the conditions it was measured under)
+Figures = dict[str, tuple[float, str, dict[str, object]]]
+
+
+def _measure(side: Side, counts: Counts) -> Figures:
+    """Every phase on one side, in order: each phase's figures, broker CPU seconds and peak RSS."""
+    figures: Figures = {}
+
+    def phase(
+        name: str, run: Callable[[], list[Report]], read: dict[str, tuple[str, str]], **params: object
+    ) -> None:
+        with Usage(side.pid) as usage:
+            reports = run()
+        params |= {
+            "body": BODY,
+            "clients_cpu_seconds": [round(r["cpu_seconds"], 2) for r in reports],
+            "machine_busy_cores": round(usage.machine_busy, 2),
+        }
+        params |= {key: r[key] for r in reports for key in ("refused", "duplicates") if key in r}
+        for suffix, (key, unit) in read.items():
+            figures[name + suffix] = (reports[-1][key], unit, params)
+        figures[f"{name}: broker CPU"] = (usage.cpu, "s", params)
+        figures[f"{name}: broker peak RSS"] = (usage.peak_rss / 2**20, "MiB", params)
+
+    def produce(count: int, *options: str) -> list[Report]:
+        return [_report(_client(side, "produce", count, *options))]
+
+    def idle() -> list[Report]:
+        time.sleep(counts.idle)
+        return []
+
+    # Each phase numbers its messages on from the last: a late redelivery is never taken for a new one.
+    backlog, end_to_end = counts.sync + counts.backlog, counts.sync + counts.backlog + counts.end_to_end
+    phase("sync send", lambda: produce(counts.sync, "--window", "1"), SENT, messages=counts.sync, window=1)
+    phase(
+        "backlog send",
+        lambda: produce(counts.backlog, "--first", str(counts.sync)),
+        BACKLOG,
+        messages=counts.backlog,
+        window=WINDOW,
+    )
+    phase(IDLE, idle, {}, seconds=counts.idle, stored=backlog)
+    cpu, _, params = figures[f"{IDLE}: broker CPU"]
+    figures[f"{IDLE}: broker CPU per second"] = (cpu / counts.idle, "cores", params)
+    phase("drain", lambda: [_report(_subscribed(side, backlog))], DRAINED, messages=backlog, prefetch=WINDOW)
+    phase(
+        "end to end",
+        lambda: _end_to_end(side, counts.end_to_end, "--first", str(backlog)),
+        LATENCY,
+        messages=counts.end_to_end,
+        window=WINDOW,
+    )
+    phase(
+        "paced end to end",
+        lambda: _end_to_end(side, counts.paced, "--first", str(end_to_end), "--rate", str(PACED_RATE)),
+        PACED,
+        messages=counts.paced,
+        offered_rate=PACED_RATE,
+    )
+    return figures
+
+
+async def _bound(broker: BrokerProcess) -> None:
+    """Start kiteq-server and bind the consumer group before any client runs (RabbitMQ's
+    clients declare their queue): the backlog phase needs the group bound but offline."""
+    await broker.start()
+    binding = Binding.direct(TOPIC, MESSAGE_TYPE, group=CONSUMER_GROUP, watermark=WINDOW)
+    async with open_registry(broker.registry) as registry:
+        await registry.put_bindings(CONSUMER_GROUP, TOPIC, [binding])
+    await broker.wait_bindings(1)
+
+
+@contextlib.contextmanager
+def _kiteq() -> Iterator[Side]:
+    workdir = Path(tempfile.mkdtemp(prefix="kiteq-versus-"))
+    broker = BrokerProcess(
+        workdir, f"file://{workdir}/registry.json?poll=0.1", extra=("--log-level", "warning")
+    )
+    try:
+        trio.run(_bound, broker)
+        assert broker.process is not None
+        yield Side("KiteQ-py", "benchmarks.clients.kiteq_client", broker.registry, broker.process.pid)
+    finally:
+        if broker.process is not None:
+            stop_process(broker.process, timeout=STOP_TIMEOUT)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _rabbitmq_env(workdir: Path, port: int, epmd_port: int) -> dict[str, str]:
+    """Every piece of the node's state under `workdir`; every port on loopback."""
+    (workdir / "rabbitmq.conf").write_text("log.console = false\nlog.file.level = warning\n")
+    (workdir / "enabled_plugins").write_text("[].\n")  # no management plugin, nor any other
+    return {
+        **os.environ,
+        "HOME": str(workdir),  # where Erlang writes its cookie
+        "RABBITMQ_MNESIA_BASE": str(workdir / "mnesia"),
+        "RABBITMQ_LOG_BASE": str(workdir / "log"),
+        "RABBITMQ_CONFIG_FILE": str(workdir / "rabbitmq.conf"),
+        "RABBITMQ_ENABLED_PLUGINS_FILE": str(workdir / "enabled_plugins"),
+        "RABBITMQ_NODENAME": f"bench-{os.getpid()}@localhost",
+        "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+        "RABBITMQ_NODE_PORT": str(port),
+        "RABBITMQ_DIST_PORT": str(free_port()),
+        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        "ERL_EPMD_ADDRESS": "127.0.0.1",
+        "ERL_EPMD_PORT": str(epmd_port),
+    }
+
+
+def _answers_amqp(port: int) -> bool:
+    """Whether the node answers the AMQP 0-9-1 header with a method frame (Connection.Start)."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+        sock.sendall(AMQP_HEADER)
+        return sock.recv(1) == b"\x01"
+    return False
+
+
+def _erlang_vm(server: subprocess.Popen[bytes], port: int, log: Path, timeout: float = 60.0) -> int:
+    """The pid of the Erlang VM (the start script's child) once the node answers AMQP."""
+    deadline = time.monotonic() + timeout
+    while not _answers_amqp(port):
+        if server.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            raise Unavailable(f"rabbitmq-server exited with status {server.returncode}: {' | '.join(tail)}")
+        if time.monotonic() > deadline:
+            raise Unavailable(f"RabbitMQ does not answer AMQP on 127.0.0.1:{port} after {timeout} s")
+        time.sleep(0.2)
+    children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
+    return next(int(pid) for pid in children if Path(f"/proc/{pid}/comm").read_text().strip() == "beam.smp")
+
+
+@contextlib.contextmanager
+def _rabbitmq() -> Iterator[Side]:
+    """A throwaway RabbitMQ node with its own epmd; both stopped by pid, the state dir removed.
+
+    The start script, sent SIGTERM, stops the VM cleanly and waits for it; after
+    STOP_TIMEOUT both get SIGKILL.
+    """
+    if not RABBITMQ_SERVER.exists() or shutil.which("epmd") is None:
+        raise Unavailable(f"{RABBITMQ_SERVER} is not installed (`make bench-services` installs it)")
+    if importlib.util.find_spec("pika") is None:
+        raise Unavailable("pika is not installed (`pip install -e '.[bench]'`)")
+    workdir = Path(tempfile.mkdtemp(prefix="rabbitmq-versus-"))
+    port, epmd_port = free_port(), free_port()
+    env = _rabbitmq_env(workdir, port, epmd_port)
+    with open(workdir / "epmd.log", "wb") as log:
+        epmd = subprocess.Popen(["epmd", "-port", str(epmd_port)], env=env, stderr=log)
+    server, vm = None, None
+    try:
+        wait_for_port(epmd_port)
+        with open(workdir / "server.log", "wb") as log:
+            server = subprocess.Popen(
+                [str(RABBITMQ_SERVER)], cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        vm = _erlang_vm(server, port, workdir / "server.log")
+        yield Side(
+            "RabbitMQ", "benchmarks.clients.rabbitmq_client", f"amqp://guest:guest@127.0.0.1:{port}/%2F", vm
+        )
+    finally:
+        if server is not None:
+            stop_process(server, timeout=STOP_TIMEOUT)
+        if vm is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(vm, signal.SIGKILL)  # still there only if the script was killed
+        stop_process(epmd)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run(quick: bool, messages: int | None = None) -> list[Figure]:
+    """`messages` per throughput phase: 50,000 by default, 2,000 with `quick` (one run, 2 s idle).
+
+    The sides take turns, a fresh broker each run, so a machine whose speed drifts
+    treats both alike; a figure is its side's median run.
+    """
+    counts = Counts.scaled(messages or (2_000 if quick else 50_000), 2.0 if quick else 10.0)
+    starts = [_kiteq, _rabbitmq]
+    runs: dict[str, list[Figures]] = {}
+    for _ in range(1 if quick else REPEATS):
+        for start in list(starts):
+            try:
+                with start() as side:
+                    runs.setdefault(side.name, []).append(_measure(side, counts))
+            except Unavailable as exc:
+                print(
+                    f"{SUITE}: RabbitMQ cannot run here, KiteQ-py's figures stand alone: {exc}",
+                    file=sys.stderr,
+                )
+                starts.remove(start)
+    return _figures(runs)
+
+
+def _figures(runs: dict[str, list[Figures]]) -> list[Figure]:
+    """Each side's median run of every figure (with its conditions), then KiteQ-py / RabbitMQ."""
+    figures, medians = [], {}
+    for side, measured in runs.items():
+        for name, (_, unit, _) in measured[0].items():
+            values = [run[name][0] for run in measured]
+            median = statistics.median_low(values)
+            params = measured[values.index(median)][name][2]
+            figures.append(Figure(SUITE, f"{name} ({side})", median, unit, {"side": side, **params}, values))
+            medians[side, name] = (median, values)
+    if len(runs) == 2:
+        for name in runs["KiteQ-py"][0]:
+            kiteq, kiteq_runs = medians["KiteQ-py", name]
+            rabbitmq, rabbitmq_runs = medians["RabbitMQ", name]
+            if all(rabbitmq_runs):  # no ratio to nothing (an idle CPU below a clock tick)
+                # Run by run; a side that lost a run (RabbitMQ failing to start again) pairs fewer.
+                ratios = [k / r for k, r in zip(kiteq_runs, rabbitmq_runs, strict=False)]
+                figures.append(
+                    Figure(SUITE, f"{name} (KiteQ-py / RabbitMQ)", kiteq / rabbitmq, "ratio", runs=ratios)
+                )
+    return figures
