@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import itertools
 
-import pika  # type: ignore[import-untyped]
-from pika.channel import Channel  # type: ignore[import-untyped]
-from pika.spec import Basic, BasicProperties  # type: ignore[import-untyped]
+import pika
+from pika.channel import Channel
+from pika.spec import Basic, BasicProperties
 
 from benchmarks.clients.workload import QUEUE, Sends, Tally, arguments, emit
 
