@@ -35,7 +35,11 @@ def config_file(tmp_path: Path, extra: str = "") -> tuple[str, ...]:
 async def start_broker(tmp_path: Path, extra: str = "") -> BrokerProcess:
     broker = BrokerProcess(tmp_path, registry_uri(tmp_path), extra=config_file(tmp_path, extra))
     await broker.start()
-    await trio.to_thread.run_sync(wait_for_port, broker.admin_port)  # serving, store recovered
+    try:
+        await trio.to_thread.run_sync(wait_for_port, broker.admin_port)  # serving, store recovered
+    except BaseException:
+        await broker.kill()  # started, never serving: it must not outlive the test
+        raise
     return broker
 
 

@@ -26,9 +26,9 @@ async def test_unbound_traffic_does_not_grow_the_broker(tmp_path: Path) -> None:
     registry = registry_uri(tmp_path)
     broker = BrokerProcess(tmp_path, registry, extra=("--topic", "unbound"))
     await broker.start()
-    await trio.to_thread.run_sync(wait_for_port, broker.admin_port)
     assert broker.process is not None
     try:
+        await trio.to_thread.run_sync(wait_for_port, broker.admin_port)
         before, _ = memory_of(broker.process.pid)
         fsyncs_before = int((await broker.stats())["store"]["details"]["fsyncs"])
         async with Producer(registry, group="p", topics=["unbound"], send_timeout=30) as producer:
