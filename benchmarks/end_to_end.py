@@ -7,8 +7,10 @@ messages acked by the group per second, the median of 3 runs. Latency at half lo
 sends paced at half that median, 3 runs; each percentile is the median of the runs'.
 
 Variants: the memory and file stores; the file store with the broker's delivery log
-on, and with TLS on the client port (trustme certificates made for the run; each
-one's cost is its difference to `file-batch`); the MySQL store on a local MariaDB
+on, with TLS on the client port (trustme certificates made for the run), and with
+another group reading the same messages slowly through a 16 KiB receive buffer
+(`file-batch+slow-reader`) — each one's cost is its difference to `file-batch`, the
+last one's is what a slow reader costs the fleet; the MySQL store on a local MariaDB
 master + replica started for the run (when mariadbd is installed).
 """
 
@@ -33,9 +35,11 @@ from benchmarks.harness import Figure, percentile
 from kiteq import Binding, Consumer, Message, MessageListener, Producer
 from kiteq.gc_tuning import tune_gc
 from kiteq.logging import configure_logging
+from kiteq.registry import open_registry
 from tests.certificates import make_certificates
 from tests.faults.resend import send_until_stored
 from tests.procs.broker import server_command
+from tests.procs.slow_reader import SlowReader
 from tests.services.ports import free_port, stop_process, wait_for_port
 
 
@@ -46,6 +50,9 @@ class Variant:
     store: str
     flags: tuple[str, ...] = ()
     tls: bool = False
+    # Another group reads the same messages slowly through a 16 KiB receive buffer
+    # (tests/procs/slow_reader.py): the fleet's rate beside `file-batch` is what it costs them.
+    slow_reader: bool = False
 
 
 FILE_STORE = "file://{dir}/store?fsync=batch"
@@ -54,6 +61,7 @@ VARIANTS: dict[str, Variant] = {
     "file-batch": Variant(FILE_STORE),
     "file-batch+delivery-log": Variant(FILE_STORE, ("--delivery-log", "{dir}/delivery.log")),
     "file-batch+tls": Variant(FILE_STORE, tls=True),
+    "file-batch+slow-reader": Variant(FILE_STORE, slow_reader=True),
     "mysql": Variant("{mysql}"),
 }
 WINDOW = 256
@@ -80,15 +88,23 @@ def body() -> bytes:
     return struct.pack(">d", time.time()) + b"x" * 1016
 
 
-async def _drive(registry: str, count: int, rate: float | None, ca: str | None) -> tuple[float, list[float]]:
+async def _drive(
+    registry: str, count: int, rate: float | None, ca: str | None, slow_reader: str | None
+) -> tuple[float, list[float]]:
     clock = Clock()
     clock.expected = count
     binding = [Binding.direct("bench", "e2e", watermark=2000)]
+    if slow_reader is not None:
+        async with open_registry(registry) as bindings:
+            await bindings.put_bindings("slow", "bench", binding)
     async with (
+        trio.open_nursery() as slow,
         Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512, tls=ca),
         Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512, tls=ca),
         Producer(registry, group="source", topics=["bench"], send_timeout=30, tls=ca) as producer,
     ):
+        if slow_reader is not None:
+            slow.start_soon(SlowReader(count).run, slow_reader, "slow")
         await trio.sleep(1.0)
         started = time.perf_counter()
         tickets = iter(range(count))
@@ -112,6 +128,7 @@ async def _drive(registry: str, count: int, rate: float | None, ca: str | None) 
         with trio.fail_after(120):
             await clock.done.wait()
         elapsed = time.perf_counter() - started
+        slow.cancel_scope.cancel()
     if refused:
         log.warning("bench.sends_refused", count=refused, detail="resent until stored; counted in latency")
     return count / elapsed, clock.latencies
@@ -144,7 +161,8 @@ def _measure(variant: Variant, count: int, rate: float | None) -> tuple[float, l
     proc = subprocess.Popen(command, cwd=workdir, env={**os.environ})
     try:
         wait_for_port(port)
-        return trio.run(_drive, registry, count, rate, ca)
+        slow_reader = f"127.0.0.1:{port}" if variant.slow_reader else None
+        return trio.run(_drive, registry, count, rate, ca, slow_reader)
     finally:
         stop_process(proc)
 

@@ -24,11 +24,18 @@ log = structlog.get_logger("kiteq.message")
 Observer = Callable[[LogEvent, MessageEntity, dict[str, object]], None]
 
 
+# Topics come from clients: past this many distinct ones, the rest are counted together
+# under OTHER_TOPICS, so a producer inventing topic names cannot grow the counters.
+MAX_COUNTED_TOPICS = 10_000
+OTHER_TOPICS = "(other topics)"
+
+
 class Events:
     def __init__(self, delivery_log: DeliveryLog | None = None) -> None:
         self.delivery_log = delivery_log
         # (event, topic, group) -> count; group is "" for events without one.
         self.counts: Counter[tuple[str, str, str]] = Counter()
+        self._topics: set[str] = set()
         self.debug = log.is_enabled_for(logging.DEBUG)
         self.observers: list[Observer] = []
 
@@ -38,8 +45,11 @@ class Events:
         return self.delivery_log is not None or self.debug
 
     def emit(self, event: LogEvent, entity: MessageEntity, **fields: object) -> None:
-        key = (event, entity.topic, str(fields.get("group", "")))
-        self.counts[key] = self.counts.get(key, 0) + 1
+        key: tuple[str, str, str] = (event, entity.topic, str(fields.get("group", "")))
+        counts = self.counts
+        if key not in counts:
+            key = self._bounded(key)
+        counts[key] = counts.get(key, 0) + 1
         if self.delivery_log is not None:
             self.delivery_log.emit(event, entity, **fields)
         if self.observers:
@@ -47,6 +57,15 @@ class Events:
                 observer(event, entity, fields)
         if self.debug:
             log.debug(f"message.{event}", message_id=entity.message_id, topic=entity.topic, **fields)
+
+    def _bounded(self, key: tuple[str, str, str]) -> tuple[str, str, str]:
+        """A new key: its topic is counted apart only while fewer than MAX_COUNTED_TOPICS are."""
+        topic = key[1]
+        if topic not in self._topics:
+            if len(self._topics) >= MAX_COUNTED_TOPICS:
+                return (key[0], OTHER_TOPICS, key[2])
+            self._topics.add(topic)
+        return key
 
     def total(self, event: str) -> int:
         return sum(n for (name, _, _), n in self.counts.items() if name == event)

@@ -133,10 +133,11 @@ class Dispatcher:
     def admit(self, entities: Sequence[MessageEntity], now: float) -> list[bool]:
         """Decide, for fresh messages in order, which are delivered now and which wait in the store.
 
-        A message is delivered now when every lane it routes to can queue it; its next
-        delivery time is set to match (`rounds.first_due`). Uncommitted ones are not
-        submitted, so they take no room. A full lane is marked starved, so the recover
-        loop is woken when it frees up. A message whose groups are all persistent and
+        A message is delivered now when a lane it routes to can queue it: the groups whose
+        lanes are full stay owed it (the round's outcome stores it due for them), so one
+        slow group never holds back the others. Its next delivery time is set to match
+        (`rounds.first_due`). Uncommitted ones are not submitted, so they take no room. A
+        full lane is marked starved, so the recover loop is woken when it frees up. A message whose groups are all persistent and
         offline is not submitted either: it is stored due, under a parked topic, and
         the recover loop offers it once one of them connects.
         """
@@ -151,17 +152,16 @@ class Dispatcher:
                 admitted.append(False)
                 continue
             lanes = [lane for binding in bindings if (lane := self.lanes.get(binding.key)) is not None]
-            fits = True
+            fits = not lanes  # routed nowhere: submitted, for its no-binding outcome
             for lane in lanes:
                 left = room.get(lane)
                 if left is None:
                     left = room[lane] = lane.capacity - lane.queued
                 if left <= 0:
                     lane.starved = True
-                    fits = False
-            if fits:
-                for lane in lanes:
-                    room[lane] -= 1
+                else:
+                    room[lane] = left - 1
+                    fits = True
             admitted.append(fits)
         timeout = self.config.deliver_timeout
         for entity, now_or_later in zip(entities, admitted, strict=True):

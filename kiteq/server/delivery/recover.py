@@ -79,6 +79,7 @@ class RecoverLoop:
         self.config = config
         self.signal = signal
         self.passes = 0
+        self._resume: str | None = None  # where the last pass stopped, if it stopped early
 
     async def run(self) -> None:
         idle = self.config.recover_interval
@@ -94,21 +95,28 @@ class RecoverLoop:
             await self.signal.wait(idle)
 
     async def run_pass(self) -> int:
-        """Offer every due message once, or until every lane is full (the rest wait in the store).
+        """Offer due messages, in id order, until a page places none (or every lane is full).
 
-        The number of messages sent to at least one group.
+        A pass then costs what it places, not the whole backlog: with one slow group's
+        lane full, each slot it frees wakes a pass, and a pass that walked everything
+        owed to it would cost O(backlog) per slot. The next pass resumes where this one
+        stopped, so every due message is reached in turn. The number of messages sent to
+        at least one group.
         """
         now = self.signal.clock()
-        cursor = None
+        cursor, self._resume = self._resume, None
         placed = 0
         parked = self.dispatcher.parked_topics()
         while True:
             page = await self.store.page_due(
                 now, cursor, self.config.recover_page, self.dispatcher.rounds, parked
             )
-            for entity in page.items:
-                placed += self.dispatcher.submit(entity)
-            if page.cursor is None or self.dispatcher.saturated():
+            placed_here = sum(self.dispatcher.submit(entity) for entity in page.items)
+            placed += placed_here
+            if page.cursor is None:
+                break
+            if self.dispatcher.saturated() or (page.items and not placed_here):
+                self._resume = page.cursor
                 break
             cursor = page.cursor
         self.passes += 1

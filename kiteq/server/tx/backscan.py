@@ -14,7 +14,7 @@ transactions cannot flood a producer; what is skipped is asked next scan.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 
 import structlog
 import trio
@@ -32,6 +32,7 @@ from stores.entity import MessageEntity
 log = structlog.get_logger(__name__)
 
 PAGE = 200
+MAX_BUCKETS = 4096
 
 
 class TxBackscan:
@@ -47,7 +48,8 @@ class TxBackscan:
         # Per producer group, the messages the last scan found with none of its producers connected.
         self.waiting: Counter[str] = Counter()
         self.scans = 0  # completed scans: tests wait on it instead of sleeping
-        self._buckets: dict[str, TokenBucket] = {}
+        # Per producer group; the least recently asked is forgotten beyond MAX_BUCKETS.
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
         self._woken = trio.Event()
 
     def producer_connected(self, group: str) -> None:
@@ -93,6 +95,10 @@ class TxBackscan:
         bucket = self._buckets.get(group)
         if bucket is None:
             bucket = self._buckets[group] = TokenBucket(self.config.tx_check_rate, self.config.tx_check_rate)
+            if len(self._buckets) > MAX_BUCKETS:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(group)
         now = self.clock()
         peer = self.groups.pick(group, now)
         if peer is None:

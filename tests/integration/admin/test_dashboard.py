@@ -18,6 +18,7 @@ from kiteq import Binding, Consumer, Message, Producer
 from tests.helpers import registry_uri, running_broker, wait_until
 from tests.integration.admin.workload import HOLD, HeldListener, PoisonListener
 from tests.services.ports import require_service
+from tests.wire import RawPeer, header
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -96,6 +97,7 @@ def read_dashboard(driver: Any, url: str, message_id: str) -> dict[str, Any]:
         },
         "points": int(driver.find_element(By.ID, "chart-backlog").get_attribute("data-points")),
         "dead_total": int(driver.find_element(By.ID, "dead-total").get_attribute("data-value")),
+        "tx_waiting": int(driver.find_element(By.ID, "tx-waiting").get_attribute("data-value")),
         "registry": driver.find_element(By.ID, "registry-state").get_attribute("data-connected"),
         "dead_reason": row.find_element(By.CSS_SELECTOR, 'td[data-field="reason"]').text,
         "status": driver.find_element(By.ID, "status").get_attribute("class"),
@@ -118,7 +120,9 @@ async def test_dashboard_shows_stats_and_redrives_a_dead_letter(tmp_path: Path, 
     registry = registry_uri(tmp_path)
     held, poisoned = HeldListener(), PoisonListener()
     async with (
-        running_broker(tmp_path, delivery=HOLD) as broker,
+        running_broker(
+            tmp_path, delivery=HOLD, tx={"tx_check_after": 0.0, "tx_scan_interval": 0.1}
+        ) as broker,
         Consumer(registry, group="slow", bindings=[Binding.direct("t", "x", watermark=2)], listener=held),
         Consumer(registry, group="bad", bindings=[Binding.direct("p", "x")], listener=poisoned),
         Producer(registry, group="p", topics=["t", "p"]) as producer,
@@ -129,6 +133,10 @@ async def test_dashboard_shows_stats_and_redrives_a_dead_letter(tmp_path: Path, 
         poison = await producer.send(Message("p", "x", b"poison", deliver_limit=2))
         await wait_until(lambda: held.received == 2, what="two held deliveries")
         await wait_until(lambda: broker.events.total("dead_lettered") == 1, what="the dead letter")
+        orphan = await RawPeer.login(broker.address, "gone")  # leaves a transaction nobody can answer
+        assert (await orphan.produce(header("gone", topic="t", commit=False))).status
+        await orphan.aclose()
+        await wait_until(lambda: broker.backscan.waiting == {"gone": 1}, what="a transaction waiting")
         url = f"http://{broker.admin_address}"
 
         shown = await trio.to_thread.run_sync(read_dashboard, chromium, url, poison)
@@ -147,6 +155,7 @@ async def test_dashboard_shows_stats_and_redrives_a_dead_letter(tmp_path: Path, 
         assert all(ink > 0 for ink in shown["ink"].values()), shown["ink"]
         assert shown["points"] >= 3
         assert shown["dead_total"] == stats["dead_letters"]["total"] == 1
+        assert shown["tx_waiting"] == sum(stats["tx"]["waiting_for_producer"].values()) == 1
         assert shown["dead_reason"] == "deliver-limit"
         assert shown["registry"] == "true" and shown["status"] != "error"
 

@@ -338,3 +338,45 @@ async def test_an_offline_groups_backlog_is_parked_not_paged(
     await next_delivery(peer, 50)
     assert {d.round.message_id for _, d in peer.sent} == {e.message_id for e in fresh}
     assert parts.dispatcher.parked_topics() == frozenset()
+
+
+async def test_a_pass_stops_where_nothing_places_and_the_next_resumes_there(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A full lane (a slow group) makes a pass cost one unplaceable page, not the whole backlog."""
+    clock = trio_wall_clock(NOW)
+    delivery = DeliveryConfig(lane_capacity=2, recover_page=10)
+    store, router, groups = MemoryStore(), Router(), GroupTable()
+    # A second, empty lane: not every lane is full, so only the new rule can stop a pass.
+    bindings = [Binding.direct("t", "x", group="slow", watermark=1), Binding.direct("u", "x", group="other")]
+    router.update(bindings)
+    signal = RecoverSignal(clock)
+    dispatcher = Dispatcher(
+        store,
+        router,
+        groups,
+        delivery,
+        Events(),
+        clock=clock,
+        on_capacity=lambda: None,
+        on_retry=signal.retry_at,
+    )
+    dispatcher.sync_lanes(bindings)
+    recover = RecoverLoop(store, dispatcher, delivery, signal)
+    groups.add(FakePeer("slow"))  # never answers: its lane fills and stays full
+    async with store, trio.open_nursery() as nursery:
+        await nursery.start(dispatcher.run)
+        await store.save_many([entity(created_at=NOW, next_deliver_at=NOW) for _ in range(100)])
+        pages: list[object] = []
+        page_due = store.page_due
+
+        async def counting(*args: object, **kwargs: object) -> object:
+            pages.append(args[1])  # the cursor each page starts after
+            return await page_due(*args, **kwargs)  # type: ignore[arg-type]
+
+        store.page_due = counting  # type: ignore[method-assign]
+        assert await recover.run_pass() == 2, "the lane holds two; the rest cannot be placed"
+        assert len(pages) == 2, "the second page placed nothing: the pass stopped"
+        await recover.run_pass()
+        assert pages[2] is not None and pages[2] > pages[1], "the next pass resumed after it"
+        nursery.cancel_scope.cancel()

@@ -244,3 +244,20 @@ def test_bad_security_config_names_the_key(tmp_path: Path, toml: str, error: str
 def test_acl_config_is_read() -> None:
     config = load_config(None, {"acl": {"p": {"publish": ["t*"]}}})
     assert config.acl == {"p": AclRule(publish=("t*",), subscribe=None)}
+
+
+# -- counters that clients could grow ---------------------------------------------------------
+
+
+def test_event_counters_stay_bounded_however_many_topics_clients_invent() -> None:
+    from kiteq.server.events import MAX_COUNTED_TOPICS, OTHER_TOPICS, Events
+    from protocol.logevents import LogEvent
+    from stores import MessageEntity
+
+    events = Events()
+    for i in range(MAX_COUNTED_TOPICS + 5_000):
+        events.emit(LogEvent.STORED, MessageEntity("0" * 32, f"topic-{i}", "x", "p", b""))
+    topics = {topic for _, topic, _ in events.counts}
+    assert len(topics) == MAX_COUNTED_TOPICS + 1
+    assert events.counts[(LogEvent.STORED, OTHER_TOPICS, "")] == 5_000
+    assert events.total(LogEvent.STORED) == MAX_COUNTED_TOPICS + 5_000, "nothing is lost from the totals"

@@ -253,10 +253,11 @@ def test_admission_reserves_lane_room_for_committed_messages_in_order() -> None:
         entity(),
         entity(message_type="refund"),
     ]
-    assert dispatcher.admit(fresh, NOW) == [True, True, True, False, False], (
-        "the fanout lane holds two; the uncommitted message takes no room"
+    assert dispatcher.admit(fresh, NOW) == [True, True, True, True, False], (
+        "the fanout lane holds two; the uncommitted message takes no room; the fourth still goes to"
+        " sms, whose lane has room (all stays owed it); the fifth has no lane with room"
     )
-    assert [e.next_deliver_at for e in fresh] == [NOW + 10.0] * 3 + [NOW] * 2, (
+    assert [e.next_deliver_at for e in fresh] == [NOW + 10.0] * 4 + [NOW], (
         "leased while on its way; due at once when it waits in the store"
     )
     starved = {lane.group for lane in dispatcher.lanes.values() if lane.starved}

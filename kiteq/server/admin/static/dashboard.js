@@ -78,6 +78,7 @@ function renderSummary(stats, rows) {
   show($("backlog-total"), Object.values(stats.store.backlog_by_topic).reduce((a, b) => a + b, 0));
   show($("inflight-total"), Object.values(rows).reduce((a, row) => a + row.inflight, 0));
   show($("dead-total"), stats.dead_letters.total);
+  show($("tx-waiting"), Object.values(stats.tx.waiting_for_producer).reduce((a, b) => a + b, 0));
 }
 
 function formatDuration(seconds) {
