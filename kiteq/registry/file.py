@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import structlog
 import trio
 
 from kiteq.errors import RegistryError
@@ -37,12 +38,21 @@ def _empty_tree() -> Tree:
     return {"servers": {}, "producers": {}, "bindings": {}}
 
 
+log = structlog.get_logger(__name__)
+
+CLOSE_TIMEOUT = 5.0
+# Producer addresses kept per topic and group, newest first dropped last: a file has no
+# sessions to expire them with, and producers killed without closing never withdraw.
+MAX_PRODUCERS = 64
+
+
 class FileRegistry(Registry):
     def __init__(self, path: Path, poll_interval: float = 0.5, uri: str = "") -> None:
         self.path = path
         self.poll_interval = poll_interval
         self.uri = uri or f"file://{path}"
         self._lock_path = path.with_name(path.name + ".lock")
+        self._producers: list[tuple[str, str, tuple[str, ...]]] = []  # what this process registered
 
     @classmethod
     def from_uri(cls, uri: str) -> FileRegistry:
@@ -64,7 +74,23 @@ class FileRegistry(Registry):
             raise RegistryError(f"cannot open registry file {self.path}: {exc}") from None
 
     async def close(self) -> None:
-        return None
+        """Withdraw the producers this process registered (what ephemeral nodes do in ZooKeeper)."""
+        registered, self._producers = self._producers, []
+        if not registered:
+            return
+
+        def change(tree: Tree) -> None:
+            for address, group, topics in registered:
+                for topic in topics:
+                    addresses = tree["producers"].get(topic, {}).get(group, [])
+                    if address in addresses:
+                        addresses.remove(address)
+
+        with trio.move_on_after(CLOSE_TIMEOUT):
+            try:
+                await self._apply(change)
+            except OSError as exc:
+                log.warning("registry.withdraw_failed", path=str(self.path), error=str(exc))
 
     # -- file access (run in a worker thread) -------------------------------------
 
@@ -138,13 +164,17 @@ class FileRegistry(Registry):
         return {t: a for t, a in servers.items() if topic is None or t == topic}
 
     async def register_producer(self, address: str, group: str, topics: Iterable[str]) -> None:
+        wanted = tuple(topics)
+
         def change(tree: Tree) -> None:
-            for topic in topics:
+            for topic in wanted:
                 addresses = tree["producers"].setdefault(topic, {}).setdefault(group, [])
                 if address not in addresses:
                     addresses.append(address)
+                    del addresses[:-MAX_PRODUCERS]
 
         await self._apply(change)
+        self._producers.append((address, group, wanted))
 
     async def list_producers(self) -> dict[str, dict[str, list[str]]]:
         return (await self._snapshot())["producers"]

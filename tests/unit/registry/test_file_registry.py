@@ -93,3 +93,18 @@ async def test_a_broken_file_is_a_clear_error(tmp_path: Path) -> None:
         path.write_text(content)
         with pytest.raises(RegistryError, match="registry file"):
             await file_registry(path).start()
+
+
+async def test_producers_are_withdrawn_on_close_and_bounded_per_group(tmp_path: Path) -> None:
+    from kiteq.registry.file import MAX_PRODUCERS
+
+    path = tmp_path / "registry.json"
+    async with file_registry(path) as closing:
+        await closing.register_producer("clean:1", "order-svc", ["trade"])
+    async with file_registry(path) as registry:
+        assert await registry.list_producers() == {"trade": {"order-svc": []}}, "a closed producer withdrew"
+        killed = [f"killed:{i}" for i in range(MAX_PRODUCERS + 10)]  # registered, never closed
+        for address in killed:
+            await registry.register_producer(address, "order-svc", ["trade"])
+        assert (await registry.list_producers())["trade"]["order-svc"] == killed[-MAX_PRODUCERS:]
+        registry._producers.clear()  # as if this process were killed: nothing withdrawn
