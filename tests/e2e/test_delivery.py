@@ -68,6 +68,7 @@ async def test_always_failing_message_is_dead_lettered_then_redriven(tmp_path: P
         Consumer(registry, group="c", bindings=[Binding.direct("t", "x")], listener=listener),
         Producer(registry, group="p", topics=["t"]) as producer,
     ):
+        sent_at = time.time()
         message_id = await producer.send(Message("t", "x", b"poison", deliver_limit=3))
         await wait_until(lambda: broker.events.total("dead_lettered") == 1, what="the dead letter")
         assert len(listener.deliveries) == 3
@@ -77,6 +78,8 @@ async def test_always_failing_message_is_dead_lettered_then_redriven(tmp_path: P
         )
         assert [d["message_id"] for d in listed] == [message_id]
         assert listed[0]["fail_groups"] == ["c"]
+        assert listed[0]["deliver_count"] == 3, "the final round is recorded before dead-lettering"
+        assert sent_at <= listed[0]["dead_at"] <= time.time(), "when it was dead-lettered, wall clock"
         healed = True
         code = await trio.to_thread.run_sync(
             admin_main, ["--admin", admin, "dlq", "redrive", "--id", message_id]
