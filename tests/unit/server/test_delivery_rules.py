@@ -168,14 +168,10 @@ class Parts:
     clock: WallClock
 
 
-@pytest.fixture
-async def parts(autojump_clock: trio.testing.MockClock) -> AsyncIterator[Parts]:
-    """Dispatcher, recover loop and back-scan wired as the broker wires them, on the autojump clock."""
+def wire(delivery: DeliveryConfig, bindings: list[Binding], tx: TxConfig | None = None) -> Parts:
+    """Dispatcher, recover loop and back-scan wired as the broker wires them (not started)."""
     clock = trio_wall_clock(NOW)
-    delivery = DeliveryConfig(retry_base=0.2, retry_max=1.0, retry_jitter="none", recover_interval=0.1)
-    tx = TxConfig(tx_scan_interval=1.0, tx_check_after=2.0, tx_check_max=3)
     store, router, groups, events = MemoryStore(), Router(), GroupTable(), Events()
-    bindings = [Binding.direct("t", "x", group="c")]
     router.update(bindings)
     signal = RecoverSignal(clock)
     dispatcher = Dispatcher(
@@ -190,12 +186,23 @@ async def parts(autojump_clock: trio.testing.MockClock) -> AsyncIterator[Parts]:
     )
     dispatcher.sync_lanes(bindings)
     recover = RecoverLoop(store, dispatcher, delivery, signal)
-    backscan = TxBackscan(store, groups, tx, events, clock=clock)
-    async with store, trio.open_nursery() as nursery:
-        await nursery.start(dispatcher.run)
-        nursery.start_soon(recover.run)
-        nursery.start_soon(backscan.run)
-        yield Parts(store, dispatcher, recover, backscan, groups, events, clock)
+    backscan = TxBackscan(store, groups, tx or TxConfig(), events, clock=clock)
+    return Parts(store, dispatcher, recover, backscan, groups, events, clock)
+
+
+@pytest.fixture
+async def parts(autojump_clock: trio.testing.MockClock) -> AsyncIterator[Parts]:
+    """The parts, running on the autojump clock."""
+    wired = wire(
+        DeliveryConfig(retry_base=0.2, retry_max=1.0, retry_jitter="none", recover_interval=0.1),
+        [Binding.direct("t", "x", group="c")],
+        TxConfig(tx_scan_interval=1.0, tx_check_after=2.0, tx_check_max=3),
+    )
+    async with wired.store, trio.open_nursery() as nursery:
+        await nursery.start(wired.dispatcher.run)
+        nursery.start_soon(wired.recover.run)
+        nursery.start_soon(wired.backscan.run)
+        yield wired
         nursery.cancel_scope.cancel()
 
 
@@ -344,25 +351,10 @@ async def test_a_pass_stops_where_nothing_places_and_the_next_resumes_there(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A full lane (a slow group) makes a pass cost one unplaceable page, not the whole backlog."""
-    clock = trio_wall_clock(NOW)
-    delivery = DeliveryConfig(lane_capacity=2, recover_page=10)
-    store, router, groups = MemoryStore(), Router(), GroupTable()
     # A second, empty lane: not every lane is full, so only the new rule can stop a pass.
     bindings = [Binding.direct("t", "x", group="slow", watermark=1), Binding.direct("u", "x", group="other")]
-    router.update(bindings)
-    signal = RecoverSignal(clock)
-    dispatcher = Dispatcher(
-        store,
-        router,
-        groups,
-        delivery,
-        Events(),
-        clock=clock,
-        on_capacity=lambda: None,
-        on_retry=signal.retry_at,
-    )
-    dispatcher.sync_lanes(bindings)
-    recover = RecoverLoop(store, dispatcher, delivery, signal)
+    wired = wire(DeliveryConfig(lane_capacity=2, recover_page=10), bindings)
+    store, dispatcher, recover, groups = wired.store, wired.dispatcher, wired.recover, wired.groups
     groups.add(FakePeer("slow"))  # never answers: its lane fills and stays full
     async with store, trio.open_nursery() as nursery:
         await nursery.start(dispatcher.run)
