@@ -104,11 +104,10 @@ class BrokerConnection:
         self._was_congested = False
         self.warmup_seconds = 0.0
         self.authenticated_at = 0.0
-        self.connected_at = trio.current_time()
         self._handling = Budget(config.max_inflight_per_connection)
         self._nursery: trio.Nursery | None = None
         self._evicted = trio.CancelScope()
-        self._idle_scope = trio.CancelScope(deadline=self.connected_at + config.handshake_timeout)
+        self._idle_scope = trio.CancelScope(deadline=trio.current_time() + config.handshake_timeout)
         self.log = log.bind(conn=peer)
 
     @property
@@ -123,10 +122,6 @@ class BrokerConnection:
     def inflight(self) -> int:
         """Deliveries sent and not yet answered (the broker picks the least loaded connection)."""
         return self.session.inflight
-
-    @property
-    def pending(self) -> int:
-        return self.session.pending
 
     def _busy(self) -> bool:
         """More frames are on their way: acks of messages being stored, or acks that free deliveries."""

@@ -137,9 +137,10 @@ class Dispatcher:
         lanes are full stay owed it (the round's outcome stores it due for them), so one
         slow group never holds back the others. Its next delivery time is set to match
         (`rounds.first_due`). Uncommitted ones are not submitted, so they take no room. A
-        full lane is marked starved, so the recover loop is woken when it frees up. A message whose groups are all persistent and
-        offline is not submitted either: it is stored due, under a parked topic, and
-        the recover loop offers it once one of them connects.
+        full lane is marked starved, so the recover loop is woken when it frees up. A
+        message whose groups are all persistent and offline is not submitted either: it
+        is stored due, under a parked topic, and the recover loop offers it once one of
+        them connects.
         """
         room: dict[Lane, int] = {}
         admitted = []
