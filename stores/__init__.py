@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from stores.base import Cursor, DeadLetter, MessageStore, Page, SharedStore, StoreStats
+from stores.base import Cursor, DeadLetter, MessageStore, Page, SharedStore, Stage, StoreStats
 from stores.entity import BYTES, STRING, MessageEntity, entity_from_wire
 from stores.errors import StoreConfigError, StoreCorrupted, StoreError, StoreLocked, StoreUnavailable
 
@@ -38,6 +38,7 @@ __all__ = [
     "MessageStore",
     "Page",
     "SharedStore",
+    "Stage",
     "StoreConfigError",
     "StoreCorrupted",
     "StoreError",

@@ -20,6 +20,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Collection, Container, Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TypeVar
 
 import trio
@@ -27,6 +28,7 @@ import trio
 from stores.entity import MessageEntity
 from stores.errors import StoreError
 from stores.resource import AsyncResource
+from stores.waiting import Waiting
 
 Cursor = str
 T = TypeVar("T")
@@ -42,6 +44,20 @@ class DeadLetter:
     succ_groups: tuple[str, ...]
     fail_groups: tuple[str, ...]
     at: float  # when it was dead-lettered: kept as the dead letter's next_deliver_at
+
+
+class Stage(StrEnum):
+    """Where a stored message is in its life, as `page_messages` selects it."""
+
+    UNCOMMITTED = "uncommitted"
+    COMMITTED = "committed"  # and live: waiting for delivery or being delivered
+    DEAD = "dead"
+
+    @classmethod
+    def of(cls, entity: MessageEntity) -> Stage:
+        if entity.dead:
+            return cls.DEAD
+        return cls.COMMITTED if entity.commit else cls.UNCOMMITTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +78,13 @@ class StoreStats:
     dead: int
     dead_by_reason: dict[str, int] = field(default_factory=dict)
     backlog_by_topic: dict[str, int] = field(default_factory=dict)
+    # Scheduled messages not yet delivered (part of the backlog): by topic, and by the
+    # hour they fall due in (its start, Unix seconds).
+    scheduled_by_topic: dict[str, int] = field(default_factory=dict)
+    scheduled_by_hour: dict[int, int] = field(default_factory=dict)
+    # Committed, live messages per topic and the groups that acked them, with the oldest
+    # one's created_at: what each group still waits for, counted without a scan.
+    waiting: list[Waiting] = field(default_factory=list)
     details: dict[str, object] = field(default_factory=dict)
 
 
@@ -103,10 +126,12 @@ class MessageStore(AsyncResource):
         """The message with its body and current state, dead or alive; None if gone."""
 
     @abstractmethod
-    async def commit(self, message_id: str) -> bool:
-        """Make an uncommitted message deliverable now (deliver_count reset to 0).
+    async def commit(self, message_id: str, due_at: float = 0.0) -> bool:
+        """Make an uncommitted message deliverable from `due_at` (deliver_count reset to 0).
 
-        True if the message exists and is now committed (also if it already was).
+        `due_at` is the time a delayed message asked for (0: at once); the commit and the
+        time are one durable change, so no crash can make it due early. True if the
+        message exists and is now committed (also if it already was: then nothing changes).
         """
 
     @abstractmethod
@@ -159,6 +184,22 @@ class MessageStore(AsyncResource):
         """Delete a dead letter for good; False if it is not in the dead-letter queue."""
 
     @abstractmethod
+    async def cancel(self, message_id: str) -> bool:
+        """Delete a scheduled message that was never delivered (see `stores.schedule.scheduled_at`).
+
+        False if it is unknown, dead, was not scheduled, or a delivery round of it was
+        recorded. The broker makes sure no round of it is in flight.
+        """
+
+    @abstractmethod
+    async def next_due_at(self, now: float) -> float | None:
+        """The earliest time after `now` a committed, live message may fall due, or None.
+
+        Never later than the true time (it may be earlier): the broker sleeps until then,
+        so a delayed message or a retry is delivered on time however idle the broker is.
+        """
+
+    @abstractmethod
     async def page_due(
         self,
         now: float,
@@ -185,6 +226,18 @@ class MessageStore(AsyncResource):
     @abstractmethod
     async def page_dead(self, after: Cursor | None, limit: int) -> Page:
         """Dead letters, oldest id first."""
+
+    @abstractmethod
+    async def page_messages(
+        self, after: Cursor | None, limit: int, *, topic: str = "", stage: Stage | None = None
+    ) -> Page:
+        """Every stored message (this broker's, for a shared store; dead letters of all) in id
+        order, only of `topic` and `stage` when given: for browsing a running broker.
+
+        The file and memory stores walk id-ordered sets per stage (committed ones per topic),
+        so a page costs O(log n + page) unless a topic filter must pass over other topics'
+        uncommitted or dead messages; MySQL walks the primary key.
+        """
 
     @abstractmethod
     async def stats(self) -> StoreStats:

@@ -15,9 +15,11 @@ import heapq
 from collections import Counter
 from collections.abc import Callable, Collection, Container, Iterable, Iterator, Sequence
 
-from stores.base import Cursor, MessageStore, Page, StoreStats
+from stores.base import Cursor, MessageStore, Page, Stage, StoreStats
 from stores.entity import MessageEntity
+from stores.schedule import Schedule, ScheduledCounts, scheduled_at
 from stores.sortedids import SortedIds
+from stores.waiting import WaitingTracker, summarize
 
 
 class MemoryStore(MessageStore):
@@ -29,6 +31,10 @@ class MemoryStore(MessageStore):
         self._live: dict[str, SortedIds] = {}  # topic -> committed, live ids
         self._uncommitted = SortedIds()
         self._dead = SortedIds()
+        self._waiting: WaitingTracker[tuple[str, tuple[str, ...]]] = WaitingTracker()
+        self._schedule: Schedule[str] = Schedule()  # committed, live ids by when they are due
+        self._scheduled_ids: set[str] = set()  # saved with a deliverAt ahead, no round recorded since
+        self._scheduled: ScheduledCounts[str] = ScheduledCounts()
 
     def _ids_of(self, entity: MessageEntity) -> SortedIds:
         """The set `entity` belongs in, by its state."""
@@ -41,9 +47,41 @@ class MemoryStore(MessageStore):
             live = self._live[entity.topic] = SortedIds()
         return live
 
-    def _remove(self, entity: MessageEntity) -> None:
+    def _link(self, entity: MessageEntity) -> None:
+        """Index `entity` by its current state (the inverse of `_unlink`)."""
+        self._ids_of(entity).add(entity.message_id)
+        if entity.commit and not entity.dead:
+            self._waiting.add((entity.topic, entity.succ_groups), entity.created_at)
+            self._schedule.add(entity.message_id, entity.topic, entity.next_deliver_at)
+            if entity.message_id in self._scheduled_ids:
+                self._scheduled.add(entity.topic, entity.next_deliver_at)
+            if self._schedule.timers.slots > 2 * len(self._messages) + 4096:
+                self._schedule.compact(self._not_yet_due())
+
+    def _unlink(self, entity: MessageEntity) -> None:
         self._ids_of(entity).discard(entity.message_id)
+        if entity.commit and not entity.dead:
+            self._waiting.remove((entity.topic, entity.succ_groups), entity.created_at)
+            self._schedule.discard(entity.message_id, entity.topic)
+            if entity.message_id in self._scheduled_ids:
+                self._scheduled.remove(entity.topic, entity.next_deliver_at)
+
+    def _remove(self, entity: MessageEntity) -> None:
+        self._unlink(entity)
+        self._scheduled_ids.discard(entity.message_id)
         del self._messages[entity.message_id]
+
+    def _not_yet_due(self) -> Iterator[tuple[str, float]]:
+        promoted = self._schedule.promoted
+        for message_id, entity in self._messages.items():
+            if entity.commit and not entity.dead and entity.next_deliver_at > promoted:
+                yield message_id, entity.next_deliver_at
+
+    def _due_state(self, message_id: str) -> tuple[str, float] | None:
+        entity = self._messages.get(message_id)
+        if entity is None or not entity.commit or entity.dead:
+            return None
+        return entity.topic, entity.next_deliver_at
 
     async def start(self) -> None:
         return None
@@ -54,8 +92,10 @@ class MemoryStore(MessageStore):
     async def save(self, entity: MessageEntity) -> bool:
         if entity.message_id in self._messages:
             return False
-        self._messages[entity.message_id] = copy.copy(entity)
-        self._ids_of(entity).add(entity.message_id)
+        stored = self._messages[entity.message_id] = copy.copy(entity)
+        if scheduled_at(stored) is not None and not stored.dead:
+            self._scheduled_ids.add(stored.message_id)
+        self._link(stored)
         return True
 
     async def save_many(self, entities: Sequence[MessageEntity]) -> list[bool]:
@@ -68,16 +108,16 @@ class MemoryStore(MessageStore):
         entity = self._messages.get(message_id)
         return copy.copy(entity) if entity is not None else None
 
-    async def commit(self, message_id: str) -> bool:
+    async def commit(self, message_id: str, due_at: float = 0.0) -> bool:
         entity = self._messages.get(message_id)
         if entity is None:
             return False
         if not entity.commit:
-            self._ids_of(entity).discard(message_id)
+            self._unlink(entity)
             entity.commit = True
             entity.deliver_count = 0
-            entity.next_deliver_at = 0.0
-            self._ids_of(entity).add(message_id)
+            entity.next_deliver_at = due_at
+            self._link(entity)
         return True
 
     async def rollback(self, message_id: str) -> bool:
@@ -98,10 +138,14 @@ class MemoryStore(MessageStore):
         entity = self._messages.get(message_id)
         if entity is None:
             return False
+        self._unlink(entity)
         entity.succ_groups = tuple(succ_groups)
         entity.fail_groups = tuple(fail_groups)
         entity.deliver_count = deliver_count
         entity.next_deliver_at = next_deliver_at
+        if entity.commit:  # its first recorded round ends its being scheduled
+            self._scheduled_ids.discard(message_id)
+        self._link(entity)
         return True
 
     async def finish(self, message_id: str) -> bool:
@@ -115,24 +159,24 @@ class MemoryStore(MessageStore):
         entity = self._messages.get(message_id)
         if entity is None:
             return False
-        self._ids_of(entity).discard(message_id)
+        self._unlink(entity)
         entity.dead = True
         entity.dead_reason = reason
-        self._dead.add(message_id)
+        self._link(entity)
         return True
 
     async def redrive(self, message_id: str) -> bool:
         entity = self._messages.get(message_id)
         if entity is None or not entity.dead:
             return False
-        self._dead.discard(message_id)
+        self._unlink(entity)
         entity.dead = False
         entity.dead_reason = ""
         entity.commit = True
         entity.deliver_count = 0
         entity.next_deliver_at = 0.0
         entity.fail_groups = ()
-        self._ids_of(entity).add(message_id)
+        self._link(entity)
         return True
 
     async def purge(self, message_id: str) -> bool:
@@ -142,6 +186,16 @@ class MemoryStore(MessageStore):
         self._remove(entity)
         return True
 
+    async def cancel(self, message_id: str) -> bool:
+        entity = self._messages.get(message_id)
+        if entity is None or entity.dead or message_id not in self._scheduled_ids:
+            return False
+        self._remove(entity)
+        return True
+
+    async def next_due_at(self, now: float) -> float | None:
+        return self._schedule.next_at()
+
     async def page_due(
         self,
         now: float,
@@ -150,16 +204,27 @@ class MemoryStore(MessageStore):
         skip: Container[str] = frozenset(),
         parked: Collection[str] = frozenset(),
     ) -> Page:
-        walks = [ids.after(after) for topic, ids in self._live.items() if topic not in parked and len(ids)]
-        return self._page(
-            heapq.merge(*walks), lambda e: e.next_deliver_at <= now and e.message_id not in skip, limit
-        )
+        self._schedule.promote(now, self._due_state)
+        ids = self._schedule.walk(after, parked)
+        return self._page(ids, lambda e: e.next_deliver_at <= now and e.message_id not in skip, limit)
 
     async def page_uncommitted(self, older_than: float, after: Cursor | None, limit: int) -> Page:
         return self._page(self._uncommitted.after(after), lambda e: e.created_at <= older_than, limit)
 
     async def page_dead(self, after: Cursor | None, limit: int) -> Page:
         return self._page(self._dead.after(after), lambda e: True, limit)
+
+    async def page_messages(
+        self, after: Cursor | None, limit: int, *, topic: str = "", stage: Stage | None = None
+    ) -> Page:
+        walks = []
+        if stage in (None, Stage.COMMITTED):
+            walks += [ids.after(after) for t, ids in self._live.items() if topic in ("", t) and len(ids)]
+        if stage in (None, Stage.UNCOMMITTED):
+            walks.append(self._uncommitted.after(after))
+        if stage in (None, Stage.DEAD):
+            walks.append(self._dead.after(after))
+        return self._page(heapq.merge(*walks), lambda e: topic in ("", e.topic), limit)
 
     def _page(self, ids: Iterator[str], wanted: Callable[[MessageEntity], bool], limit: int) -> Page:
         items: list[MessageEntity] = []
@@ -180,4 +245,9 @@ class MemoryStore(MessageStore):
             dead=len(self._dead),
             dead_by_reason=dict(dead),
             backlog_by_topic={topic: len(ids) for topic, ids in self._live.items() if len(ids)},
+            scheduled_by_topic=dict(self._scheduled.by_topic),
+            scheduled_by_hour=dict(self._scheduled.by_hour),
+            waiting=summarize(
+                (topic, acked, n, oldest) for (topic, acked), n, oldest in self._waiting.items()
+            ),
         )

@@ -23,22 +23,26 @@ by recovery's replay of the operation log.
 from __future__ import annotations
 
 import heapq
-import math
 import struct
 import sys
 from collections import Counter
 from collections.abc import Callable, Collection, Container, Hashable, Iterator
 from typing import Generic, NamedTuple, TypeVar
 
+from stores.base import Stage
 from stores.entity import MessageEntity
 from stores.errors import StoreError
-from stores.file.messages import COMMIT, DEAD, NO_GROUPS, Head, check_i32
+from stores.file.messages import COMMIT, DEAD, NO_GROUPS, SCHEDULED, Head, check_i32
 from stores.file.ops import Op
 from stores.file.records import RecordType
+from stores.schedule import Schedule, ScheduledCounts, scheduled_at
 from stores.sortedids import SortedIds
+from stores.waiting import Waiting, WaitingTracker, summarize
 
 ENTRY = struct.Struct("<IIIddiIIHB")
 STATE_FLAGS = COMMIT | DEAD
+# What an entry keeps of a record's flags: its state, and whether it was scheduled (and not yet delivered).
+ENTRY_FLAGS = STATE_FLAGS | SCHEDULED
 Groups = tuple[tuple[str, ...], tuple[str, ...]]
 T = TypeVar("T", bound=Hashable)
 
@@ -104,59 +108,11 @@ class Interner(Generic[T]):
 def _intern(value: T) -> T:
     """One object per distinct string, also inside (succ, fail) group tuples."""
     if isinstance(value, str):
-        return sys.intern(value)  # type: ignore[return-value]
+        # str(): a str subclass (a StrEnum reason, say) is stored as its plain text.
+        return sys.intern(str(value))  # type: ignore[return-value]
     if isinstance(value, tuple):
         return tuple(_intern(item) for item in value)  # type: ignore[return-value]
     return value
-
-
-# Buckets of a tenth of a second: a page_due with a new `now` rescans at most one
-# partly due bucket.
-BUCKETS_PER_SECOND = 10
-_BUCKET_RANGE = 1e14
-
-
-def bucket(at: float) -> int:
-    """Monotone in `at`: a bucket above bucket(now) holds nothing that is due at `now`."""
-    if -_BUCKET_RANGE < at < _BUCKET_RANGE:
-        return math.floor(at * BUCKETS_PER_SECOND)
-    if at > 0 or at != at:  # far future, +inf and NaN (never due) share the last bucket
-        return math.floor(_BUCKET_RANGE * BUCKETS_PER_SECOND)
-    return math.floor(-_BUCKET_RANGE * BUCKETS_PER_SECOND)
-
-
-class Timers:
-    """Ids waiting for their next_deliver_at, by bucket; stale ids are dropped when popped."""
-
-    __slots__ = ("_buckets", "_heap", "slots")
-
-    def __init__(self) -> None:
-        self._buckets: dict[int, list[str]] = {}
-        self._heap: list[int] = []
-        self.slots = 0
-
-    def add(self, message_id: str, at: float) -> None:
-        key = bucket(at)
-        ids = self._buckets.get(key)
-        if ids is None:
-            self._buckets[key] = [message_id]
-            heapq.heappush(self._heap, key)
-        else:
-            ids.append(message_id)
-        self.slots += 1
-
-    def pop_through(self, last: int) -> Iterator[tuple[int, list[str]]]:
-        """Remove and yield every (bucket, ids) with bucket <= last."""
-        while self._heap and self._heap[0] <= last:
-            key = heapq.heappop(self._heap)
-            ids = self._buckets.pop(key)
-            self.slots -= len(ids)
-            yield key, ids
-
-    def clear(self) -> None:
-        self._buckets.clear()
-        self._heap.clear()
-        self.slots = 0
 
 
 class Index:
@@ -169,12 +125,13 @@ class Index:
         self.groups: Interner[Groups] = Interner("group list", NO_GROUPS)
         self.segment_live: Counter[int] = Counter()
         self.emptied: list[int] = []
-        self.due: dict[int, SortedIds] = {}  # topic number -> due ids
+        self.schedule: Schedule[int] = Schedule()  # committed, live ids by when due; topic numbers
+        self.scheduled: ScheduledCounts[int] = ScheduledCounts()
+        self.committed: dict[int, SortedIds] = {}  # topic number -> committed, live ids (browsing)
         self.uncommitted = SortedIds()
         self.dead = SortedIds()
-        self.timers = Timers()
-        self.promoted = -math.inf
         self.backlog: Counter[int] = Counter()
+        self.waiting: WaitingTracker[tuple[int, int]] = WaitingTracker()  # (topic, groups) numbers
         self.dead_reasons: Counter[int] = Counter()
         # Recovery fills `entries` alone and calls rebuild(); live changes keep the rest in step.
         self.tracking = False
@@ -206,7 +163,7 @@ class Index:
             topic,
             self.groups.number(head.groups) if head.groups is not NO_GROUPS else 0,
             self.reasons.number(head.dead_reason) if head.dead_reason else 0,
-            head.flags & STATE_FLAGS,
+            head.flags & ENTRY_FLAGS,
         )
 
     def prepare(self, entity: MessageEntity) -> tuple[int, int, int, int]:
@@ -220,6 +177,8 @@ class Index:
             groups = self.groups.number((tuple(entity.succ_groups), tuple(entity.fail_groups)))
         reason = self.reasons.number(entity.dead_reason) if entity.dead_reason else 0
         flags = (COMMIT if entity.commit else 0) | (DEAD if entity.dead else 0)
+        if scheduled_at(entity) is not None:
+            flags |= SCHEDULED
         return self.topics.number(entity.topic), groups, reason, flags
 
     def add(
@@ -238,7 +197,7 @@ class Index:
             segment, offset, length, at, entity.created_at, entity.deliver_count, topic, groups, reason, flags
         )
         if self.tracking:
-            self._link(message_id, segment, flags, topic, reason, at)
+            self._link(message_id, segment, flags, topic, reason, at, groups, entity.created_at)
 
     def apply_state(self, entity: MessageEntity, entry: Entry) -> MessageEntity:
         """Give `entity` (decoded from its record) the entry's current state."""
@@ -255,12 +214,25 @@ class Index:
     def put(self, message_id: str, entry: Entry) -> None:
         """Add or replace the entry of `message_id`."""
         old = self.entries.get(message_id)
+        # A delivery round leaves a message committed, live and of its topic: its place in the
+        # browsing set stays (a move there costs a few µs on the delivery path).
+        listed = False
         if self.tracking and old is not None:
-            self._unlink(message_id, unpack(old))
+            was = unpack(old)
+            listed = was.committed_live and entry.committed_live and was.topic == entry.topic
+            self._unlink(message_id, was, listed=listed)
         self.entries[message_id] = entry.pack()
         if self.tracking:
             self._link(
-                message_id, entry.segment, entry.flags, entry.topic, entry.reason, entry.next_deliver_at
+                message_id,
+                entry.segment,
+                entry.flags,
+                entry.topic,
+                entry.reason,
+                entry.next_deliver_at,
+                entry.groups,
+                entry.created_at,
+                listed=listed,
             )
 
     def remove(self, message_id: str, old: Entry | None = None) -> None:
@@ -287,7 +259,7 @@ class Index:
         if kind is RecordType.COMMIT:
             if flags & COMMIT:
                 return True, False
-            new = entry._replace(flags=flags | COMMIT, deliver_count=0, next_deliver_at=0.0)
+            new = entry._replace(flags=flags | COMMIT, deliver_count=0, next_deliver_at=op.next_deliver_at)
         elif kind is RecordType.ROLLBACK:
             if flags & COMMIT:
                 return False, False
@@ -297,7 +269,13 @@ class Index:
                 deliver_count=check_i32("deliver_count", op.deliver_count),
                 next_deliver_at=op.next_deliver_at,
                 groups=self.groups.number(op.groups),
+                # A committed message's first recorded round ends its being scheduled.
+                flags=flags & ~SCHEDULED if flags & COMMIT else flags,
             )
+        elif kind is RecordType.CANCEL:
+            if not flags & SCHEDULED or flags & DEAD:
+                return False, False
+            new = None
         elif kind is RecordType.FINISH:
             new = None
         elif kind is RecordType.DEAD:
@@ -329,7 +307,19 @@ class Index:
 
     # -- derived structures -----------------------------------------------------------------
 
-    def _link(self, message_id: str, segment: int, flags: int, topic: int, reason: int, at: float) -> None:
+    def _link(
+        self,
+        message_id: str,
+        segment: int,
+        flags: int,
+        topic: int,
+        reason: int,
+        at: float,
+        groups: int,
+        created_at: float,
+        *,
+        listed: bool = False,
+    ) -> None:
         live = self.segment_live
         live[segment] = live.get(segment, 0) + 1
         if flags & DEAD:
@@ -340,18 +330,16 @@ class Index:
         else:
             backlog = self.backlog
             backlog[topic] = backlog.get(topic, 0) + 1
-            if at <= self.promoted:
-                self._due_of(topic).add(message_id)
-            else:
-                self._wait(message_id, at)
+            self.waiting.add((topic, groups), created_at)
+            if not listed:
+                _ids_of(self.committed, topic).add(message_id)
+            if flags & SCHEDULED:
+                self.scheduled.add(topic, at)
+            self.schedule.add(message_id, topic, at)
+            if self.schedule.timers.slots > 2 * len(self.entries) + 4096:
+                self.schedule.compact(self._waiting())
 
-    def _due_of(self, topic: int) -> SortedIds:
-        due = self.due.get(topic)
-        if due is None:
-            due = self.due[topic] = SortedIds()
-        return due
-
-    def _unlink(self, message_id: str, entry: Entry) -> None:
+    def _unlink(self, message_id: str, entry: Entry, *, listed: bool = False) -> None:
         _decrement(self.segment_live, entry.segment)
         if entry.segment not in self.segment_live:
             self.emptied.append(entry.segment)
@@ -363,35 +351,45 @@ class Index:
             self.uncommitted.discard(message_id)
         else:
             _decrement(self.backlog, entry.topic)
-            due = self.due.get(entry.topic)
-            if due is not None:
-                due.discard(message_id)
+            self.waiting.remove((entry.topic, entry.groups), entry.created_at)
+            if not listed:
+                self.committed[entry.topic].discard(message_id)
+            if flags & SCHEDULED:
+                self.scheduled.remove(entry.topic, entry.next_deliver_at)
+            self.schedule.discard(message_id, entry.topic)
 
-    def _wait(self, message_id: str, at: float) -> None:
-        self.timers.add(message_id, at)
-        if self.timers.slots > 2 * len(self.entries) + 4096:
-            self._rebuild_timers()
-
-    def _rebuild_timers(self) -> None:
-        """Drop the stale ids that rescheduling leaves behind in old buckets."""
-        self.timers.clear()
+    def _waiting(self) -> Iterator[tuple[str, float]]:
+        """(id, next_deliver_at) of every committed, live message not yet due."""
+        promoted = self.schedule.promoted
         for message_id, raw in self.entries.items():
             entry = unpack(raw)
-            if entry.committed_live and entry.next_deliver_at > self.promoted:
-                self.timers.add(message_id, entry.next_deliver_at)
+            if entry.committed_live and entry.next_deliver_at > promoted:
+                yield message_id, entry.next_deliver_at
+
+    def _due_state(self, message_id: str) -> tuple[int, float] | None:
+        """(topic, next_deliver_at) of a committed, live message; None for any other id."""
+        raw = self.entries.get(message_id)
+        if raw is None:
+            return None
+        entry = unpack(raw)
+        return (entry.topic, entry.next_deliver_at) if entry.committed_live else None
 
     def rebuild(self, promoted: float) -> None:
         """Derive every structure from `entries` in one pass (after recovery), then track changes."""
         self.segment_live.clear()
         self.backlog.clear()
+        self.waiting.clear()
         self.dead_reasons.clear()
-        self.timers.clear()
-        self.promoted = promoted
+        self.scheduled.clear()
         due: dict[int, list[str]] = {}
+        waiting: list[tuple[str, float]] = []
+        committed: dict[int, list[str]] = {}
         uncommitted, dead = [], []
-        live, backlog, unpack_raw, wait = self.segment_live, self.backlog, ENTRY.unpack, self.timers.add
+        live, backlog, unpack_raw, wait = self.segment_live, self.backlog, ENTRY.unpack, waiting.append
+        scheduled = self.scheduled.add
+        track_waiting = self.waiting.add
         for message_id, raw in self.entries.items():
-            segment, _, _, at, _, _, topic, _, reason, flags = unpack_raw(raw)
+            segment, _, _, at, created_at, _, topic, groups, reason, flags = unpack_raw(raw)
             live[segment] = live.get(segment, 0) + 1
             if flags & DEAD:
                 dead.append(message_id)
@@ -400,11 +398,16 @@ class Index:
                 uncommitted.append(message_id)
             else:
                 backlog[topic] = backlog.get(topic, 0) + 1
+                track_waiting((topic, groups), created_at)
+                committed.setdefault(topic, []).append(message_id)
+                if flags & SCHEDULED:
+                    scheduled(topic, at)
                 if at <= promoted:
                     due.setdefault(topic, []).append(message_id)
                 else:
-                    wait(message_id, at)
-        self.due = {topic: SortedIds(ids) for topic, ids in due.items()}
+                    wait((message_id, at))
+        self.schedule.rebuild(promoted, due, waiting)
+        self.committed = {topic: SortedIds(ids) for topic, ids in committed.items()}
         self.uncommitted.rebuild(uncommitted)
         self.dead.rebuild(dead)
         self.emptied.clear()
@@ -413,30 +416,8 @@ class Index:
     # -- scans ------------------------------------------------------------------------------
 
     def promote(self, now: float) -> None:
-        """Move every waiting id with next_deliver_at <= now into `due`."""
-        if not now > self.promoted:
-            return
-        moved: dict[int, list[str]] = {}
-        keep = []
-        entries = self.entries
-        for key, ids in self.timers.pop_through(bucket(now)):
-            for message_id in ids:
-                raw = entries.get(message_id)
-                if raw is None:
-                    continue
-                entry = unpack(raw)
-                if not entry.committed_live:
-                    continue
-                at = entry.next_deliver_at
-                if at <= now:
-                    moved.setdefault(entry.topic, []).append(message_id)
-                elif bucket(at) == key:
-                    keep.append((message_id, at))
-        for message_id, at in keep:
-            self.timers.add(message_id, at)
-        self.promoted = now
-        for topic, ids in moved.items():
-            self._due_of(topic).update(ids)
+        """Move every waiting id with next_deliver_at <= now into the due sets."""
+        self.schedule.promote(now, self._due_state)
 
     def page_due(
         self, now: float, after: str | None, limit: int, skip: Container[str], parked: Collection[str] = ()
@@ -445,9 +426,7 @@ class Index:
         of topics not `parked` (whose due ids are not even walked)."""
         self.promote(now)
         passed = {number for topic in parked if (number := self.topics.numbers.get(topic)) is not None}
-        walks = [due.after(after) for topic, due in self.due.items() if topic not in passed and len(due)]
-        merged = walks[0] if len(walks) == 1 else heapq.merge(*walks)
-        ids = (message_id for message_id in merged if message_id not in skip)
+        ids = (message_id for message_id in self.schedule.walk(after, passed) if message_id not in skip)
         return self._take(ids, limit, lambda entry: entry.next_deliver_at <= now)
 
     def page_uncommitted(self, older_than: float, after: str | None, limit: int) -> list[str]:
@@ -455,6 +434,23 @@ class Index:
 
     def page_dead(self, after: str | None, limit: int) -> list[str]:
         return self._take(self.dead.after(after), limit, None)
+
+    def page_messages(self, after: str | None, limit: int, topic: str, stage: Stage | None) -> list[str]:
+        """Up to `limit` ids after `after` in id order, of `topic` and `stage` when given."""
+        number = self.topics.numbers.get(topic) if topic else None
+        if topic and number is None:
+            return []
+        walks = []
+        if stage in (None, Stage.COMMITTED):
+            walks += [
+                ids.after(after) for t, ids in self.committed.items() if number in (None, t) and len(ids)
+            ]
+        if stage in (None, Stage.UNCOMMITTED):
+            walks.append(self.uncommitted.after(after))
+        if stage in (None, Stage.DEAD):
+            walks.append(self.dead.after(after))
+        wanted = None if number is None else (lambda entry: entry.topic == number)
+        return self._take(heapq.merge(*walks), limit, wanted)
 
     def _take(self, ids: Iterator[str], limit: int, wanted: Callable[[Entry], bool] | None) -> list[str]:
         """The first `limit` of `ids` whose entry is `wanted` (every one for None)."""
@@ -479,6 +475,23 @@ class Index:
             {self.reasons[r]: n for r, n in self.dead_reasons.items()},
             {self.topics[t]: n for t, n in self.backlog.items()},
         )
+
+    def scheduled_by_topic(self) -> dict[str, int]:
+        return {self.topics[t]: n for t, n in self.scheduled.by_topic.items()}
+
+    def waiting_by_topic(self) -> list[Waiting]:
+        """Committed, live messages per topic and acked groups, with the oldest: O(distinct pairs)."""
+        topics, groups = self.topics, self.groups
+        return summarize(
+            (topics[topic], groups[pair][0], n, oldest) for (topic, pair), n, oldest in self.waiting.items()
+        )
+
+
+def _ids_of(sets: dict[int, SortedIds], topic: int) -> SortedIds:
+    ids = sets.get(topic)
+    if ids is None:
+        ids = sets[topic] = SortedIds()
+    return ids
 
 
 def _decrement(counter: Counter[int], key: int) -> None:

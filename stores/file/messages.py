@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from protocol import Cmd
 from stores.entity import MessageEntity
 from stores.errors import StoreError
+from stores.schedule import scheduled_at
 
 HEAD = struct.Struct("<ddqqiiBBHHHHHHII")
 _LEN = struct.Struct("<I")
@@ -28,6 +29,8 @@ COMMIT = 1
 FLY = 2
 SNAPPY = 4
 DEAD = 8
+# Stored with a kiteq.deliverAt still ahead, and no delivery round recorded since (the index clears it).
+SCHEDULED = 16
 
 NO_GROUPS: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
@@ -108,6 +111,7 @@ def encode_message(entity: MessageEntity) -> bytes:
         | (FLY if entity.fly else 0)
         | (SNAPPY if entity.snappy else 0)
         | (DEAD if entity.dead else 0)
+        | (SCHEDULED if scheduled_at(entity) is not None else 0)
     )
     a, b, c, d, e, f = strings
     try:

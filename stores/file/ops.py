@@ -1,4 +1,5 @@
-"""Payloads of the operation log's records (commit, rollback, delivery, finish, dead, redrive, purge).
+"""Payloads of the operation log's records (commit, rollback, delivery, finish, dead, redrive, purge,
+cancel).
 
 Every op names the message by id *and* by where its MESSAGE record is (segment,
 offset): replay applies an op only to that very record, so an op never touches a
@@ -15,6 +16,7 @@ from stores.file.records import RecordType
 
 _BASE = struct.Struct("<IIH")
 _DELIVERY = struct.Struct("<id")
+_DUE_AT = struct.Struct("<d")  # a COMMIT's next_deliver_at: absent (0, due at once) in older logs
 
 
 class Op(NamedTuple):
@@ -40,6 +42,8 @@ def encode_op(op: Op, segment: int, offset: int) -> bytes:
         return base + _DELIVERY.pack(op.deliver_count, op.next_deliver_at) + pack_groups(*op.groups)
     if op.rtype is RecordType.DEAD:
         return base + op.reason.encode()
+    if op.rtype is RecordType.COMMIT and op.next_deliver_at:
+        return base + _DUE_AT.pack(op.next_deliver_at)
     return base
 
 
@@ -55,4 +59,6 @@ def decode_op(rtype: int, data: bytes | memoryview, start: int, end: int) -> Op:
         return Op(kind, message_id, segment, offset, count, next_at, groups)
     if kind is RecordType.DEAD:
         return Op(kind, message_id, segment, offset, reason=bytes(data[pos:end]).decode())
+    if kind is RecordType.COMMIT and end - pos >= _DUE_AT.size:
+        return Op(kind, message_id, segment, offset, next_deliver_at=_DUE_AT.unpack_from(data, pos)[0])
     return Op(kind, message_id, segment, offset)

@@ -46,6 +46,7 @@ class RecordType(enum.IntEnum):
     SNAPSHOT_TABLE = 11
     SNAPSHOT_ENTRIES = 12
     SNAPSHOT_END = 13
+    CANCEL = 14
 
 
 _KNOWN_TYPES = frozenset(RecordType)

@@ -44,7 +44,7 @@ from typing import Any, Self
 import structlog
 import trio
 
-from stores.base import Cursor, DeadLetter, MessageStore, Page, StoreStats
+from stores.base import Cursor, DeadLetter, MessageStore, Page, Stage, StoreStats
 from stores.entity import MessageEntity
 from stores.errors import StoreError, StoreUnavailable
 from stores.file import layout, records
@@ -64,9 +64,16 @@ log = structlog.get_logger(__name__)
 
 # Decisions: durable when they return in batch mode. The others are logged lazily.
 DECISIONS = frozenset(
-    {RecordType.COMMIT, RecordType.ROLLBACK, RecordType.DEAD, RecordType.REDRIVE, RecordType.PURGE}
+    {
+        RecordType.COMMIT,
+        RecordType.ROLLBACK,
+        RecordType.DEAD,
+        RecordType.REDRIVE,
+        RecordType.PURGE,
+        RecordType.CANCEL,
+    }
 )
-REMOVALS = frozenset({RecordType.ROLLBACK, RecordType.FINISH, RecordType.PURGE})
+REMOVALS = frozenset({RecordType.ROLLBACK, RecordType.FINISH, RecordType.PURGE, RecordType.CANCEL})
 # Log bytes per live entry a snapshot costs about (id, packed entry, framing).
 SNAPSHOT_BYTES_PER_ENTRY = 96
 # A snapshot is also taken once this many segments (or index sizes) of data were written
@@ -216,8 +223,8 @@ class FileStore(MessageStore):
         self._cache.put(message_id, payload)
         return batch
 
-    async def commit(self, message_id: str) -> bool:
-        return await self._change(Op(RecordType.COMMIT, message_id, 0, 0))
+    async def commit(self, message_id: str, due_at: float = 0.0) -> bool:
+        return await self._change(Op(RecordType.COMMIT, message_id, 0, 0, next_deliver_at=due_at))
 
     async def rollback(self, message_id: str) -> bool:
         return await self._change(Op(RecordType.ROLLBACK, message_id, 0, 0))
@@ -246,6 +253,9 @@ class FileStore(MessageStore):
 
     async def purge(self, message_id: str) -> bool:
         return await self._change(Op(RecordType.PURGE, message_id, 0, 0))
+
+    async def cancel(self, message_id: str) -> bool:
+        return await self._change(Op(RecordType.CANCEL, message_id, 0, 0))
 
     async def dead_letter_many(self, letters: Sequence[DeadLetter]) -> list[bool]:
         """Each letter's final delivery state and its DEAD record in one append and one fsync."""
@@ -350,6 +360,10 @@ class FileStore(MessageStore):
         self._readable()
         return await self._page(self._index.page_due(now, after, _limit(limit) + 1, skip, parked), limit)
 
+    async def next_due_at(self, now: float) -> float | None:
+        self._readable()
+        return self._index.schedule.next_at()
+
     async def page_uncommitted(self, older_than: float, after: Cursor | None, limit: int) -> Page:
         self._readable()
         return await self._page(self._index.page_uncommitted(older_than, after, _limit(limit) + 1), limit)
@@ -357,6 +371,12 @@ class FileStore(MessageStore):
     async def page_dead(self, after: Cursor | None, limit: int) -> Page:
         self._readable()
         return await self._page(self._index.page_dead(after, _limit(limit) + 1), limit)
+
+    async def page_messages(
+        self, after: Cursor | None, limit: int, *, topic: str = "", stage: Stage | None = None
+    ) -> Page:
+        self._readable()
+        return await self._page(self._index.page_messages(after, _limit(limit) + 1, topic, stage), limit)
 
     async def _page(self, ids: list[str], limit: int) -> Page:
         """Load the entities of the first `limit` ids; the cursor is the last id when more follow."""
@@ -424,6 +444,9 @@ class FileStore(MessageStore):
             dead=dead,
             dead_by_reason=dead_by_reason,
             backlog_by_topic=backlog,
+            waiting=self._index.waiting_by_topic(),
+            scheduled_by_topic=self._index.scheduled_by_topic(),
+            scheduled_by_hour=dict(self._index.scheduled.by_hour),
             details=self._details(),
         )
 

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 
+from protocol.schedule import DELIVER_AT
 from stores.mysql.rows import COLUMNS, STATE_COLUMNS
 from stores.mysql.schema import DIALECT, schema
 
@@ -64,6 +65,7 @@ class ShardSql:
     dead_letter: Sql
     redrive: Sql
     purge: Sql
+    cancel: Sql
     finish: Sql
     locate: Sql
     bodies: Sql
@@ -73,6 +75,17 @@ class ShardSql:
     def insert(self, rows: Sequence[str]) -> str:
         """`INSERT IGNORE … VALUES (…),(…) RETURNING message_id` for rows given as SQL literals."""
         return self.insert_head + ",".join(rows) + self.insert_tail
+
+
+def _scheduled(table: sa.Table, *, unrounded: bool) -> ColumnElement[bool]:
+    """Rows stored with a kiteq.deliverAt still ahead and no delivery round recorded since
+    (`stores.schedule.scheduled_at`; an uncommitted row counts tx checks, not rounds).
+    `unrounded`: committed rows only."""
+    c = table.c
+    path: ColumnElement[str] = sa.literal_column(f"'$.\"{DELIVER_AT}\"'")
+    asked = sa.cast(sa.func.json_value(c.properties, path), sa.Numeric(20, 0))
+    never_delivered = c.deliver_count == 0 if unrounded else sa.or_(c.committed == OFF, c.deliver_count == 0)
+    return sa.and_(never_delivered, asked / 1000 > c.created_at)
 
 
 def _shard_sql(table: sa.Table) -> ShardSql:
@@ -92,7 +105,7 @@ def _shard_sql(table: sa.Table) -> ShardSql:
             .where(by_id)
             .ordered_values(
                 (c.deliver_count, sa.case((c.committed, c.deliver_count), else_=sa.literal_column("0"))),
-                (c.next_deliver_at, sa.case((c.committed, c.next_deliver_at), else_=sa.literal_column("0"))),
+                (c.next_deliver_at, sa.case((c.committed, c.next_deliver_at), else_=bp("due_at"))),
                 (c.committed, sa.true()),
             )
         ),
@@ -114,6 +127,7 @@ def _shard_sql(table: sa.Table) -> ShardSql:
             )
         ),
         purge=compile_sql(sa.delete(table).where(by_id, c.dead == ON)),
+        cancel=compile_sql(sa.delete(table).where(by_id, c.dead == OFF, _scheduled(table, unrounded=False))),
         finish=compile_sql(sa.delete(table).where(ids).returning(c.message_id)),
         locate=compile_sql(sa.select(c.message_id).where(ids).with_for_update()),
         bodies=compile_sql(sa.select(c.message_id, c.body).where(ids)),
@@ -174,8 +188,12 @@ class Scans:
     """Statements over all shards (run on the replica when it is usable)."""
 
     pages: Mapping[str, Page]
+    browse: Mapping[str, Sql]  # by stage ("" for all): page_messages
     counts: Sql
+    waiting: Sql
     owners: Sql
+    next_due: Sql
+    scheduled: Sql
 
 
 def _after(order: tuple[str, ...], table: sa.Table) -> ColumnElement[bool]:
@@ -211,6 +229,21 @@ def _scans(tables: tuple[sa.Table, ...]) -> Scans:
         return Page(_union(tables, state, where, order), _union(tables, state, after, order))
 
     pages = {scan: page(where, SCAN_ORDER[scan]) for scan, where in wanted.items()}
+    # Browsing walks the primary key after the cursor; '' selects every topic.
+    stages: dict[str, Callable[[sa.Table], ColumnElement[bool]]] = {
+        "": lambda t: sa.or_(t.c.broker == bp("broker"), t.c.dead == ON),
+        "uncommitted": lambda t: sa.and_(t.c.broker == bp("broker"), t.c.committed == OFF, t.c.dead == OFF),
+        "committed": lambda t: sa.and_(t.c.broker == bp("broker"), t.c.committed == ON, t.c.dead == OFF),
+        "dead": lambda t: t.c.dead == ON,
+    }
+
+    def browse(stage: Callable[[sa.Table], ColumnElement[bool]]) -> Sql:
+        def where(t: sa.Table) -> ColumnElement[bool]:
+            any_topic = sa.or_(bp("topic") == sa.literal_column("''"), t.c.topic == bp("topic"))
+            return sa.and_(stage(t), any_topic, t.c.message_id > bp("after_id"))
+
+        return _union(tables, state, where, SCAN_ORDER["dead"])
+
     live = [
         sa.select(
             sa.literal("live").label("what"),
@@ -233,9 +266,46 @@ def _scans(tables: tuple[sa.Table, ...]) -> Scans:
         .group_by(t.c.dead_reason)
         for t in tables
     ]
+    # Per topic and acked groups: what each group still waits for, and since when.
+    waiting = [
+        sa.select(t.c.topic, t.c.succ_groups, sa.func.count().label("n"), sa.func.min(t.c.created_at))
+        .where(t.c.broker == bp("broker"), t.c.dead == OFF, t.c.committed == ON)
+        .group_by(t.c.topic, t.c.succ_groups)
+        for t in tables
+    ]
     # DISTINCT on the leading column of idx_due: a loose index scan per shard.
     owners = sa.union(*(sa.select(t.c.broker).distinct() for t in tables))
-    return Scans(pages, compile_sql(sa.union_all(*live, *dead_counts)), compile_sql(owners))
+    # The first row after `now` in idx_due, per shard.
+    next_due = [
+        sa.select(sa.func.min(t.c.next_deliver_at).label("at")).where(
+            t.c.broker == bp("broker"), t.c.committed == ON, t.c.dead == OFF, t.c.next_deliver_at > bp("now")
+        )
+        for t in tables
+    ]
+    # Scheduled rows not yet due are the range of idx_due after `now`: only they are read.
+    scheduled = [
+        sa.select(
+            t.c.topic, (sa.func.floor(t.c.next_deliver_at / 3600) * 3600).label("hour"), sa.func.count()
+        )
+        .where(
+            t.c.broker == bp("broker"),
+            t.c.committed == ON,
+            t.c.dead == OFF,
+            t.c.next_deliver_at > bp("now"),
+            _scheduled(t, unrounded=True),
+        )
+        .group_by(t.c.topic, sa.literal_column("hour"))
+        for t in tables
+    ]
+    return Scans(
+        pages,
+        {name: browse(stage) for name, stage in stages.items()},
+        compile_sql(sa.union_all(*live, *dead_counts)),
+        compile_sql(sa.union_all(*waiting)),
+        compile_sql(owners),
+        compile_sql(sa.union_all(*next_due)),
+        compile_sql(sa.union_all(*scheduled)),
+    )
 
 
 @dataclass(frozen=True, slots=True)

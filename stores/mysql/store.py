@@ -15,6 +15,8 @@ when the master returns. asyncio (aiomysql) stays inside this package: see bridg
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
 import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Container, Iterable
@@ -23,7 +25,7 @@ from typing import Any
 import structlog
 import trio
 
-from stores.base import Cursor, Page, SharedStore, StoreStats
+from stores.base import Cursor, Page, SharedStore, Stage, StoreStats
 from stores.entity import MessageEntity
 from stores.errors import StoreError, StoreUnavailable
 from stores.mysql import queries
@@ -35,6 +37,7 @@ from stores.mysql.rows import STATE_COLUMNS, check, from_row, groups_json, stora
 from stores.mysql.schema import verify_schema
 from stores.mysql.statements import ADOPT_CHUNK, SCAN_ORDER, ShardSql, Sql, Statements, statements
 from stores.mysql.uri import MySQLConfig, parse_uri
+from stores.waiting import summarize
 
 REPLICA_POOL = 4
 
@@ -184,8 +187,19 @@ class MySQLStore(SharedStore):
             f"MySQL master {self.config.master} did not commit the {batcher.name} within {self.config.timeout:g} s; retry later"
         )
 
-    async def commit(self, message_id: str) -> bool:
-        return await self._change(message_id, lambda sql: sql.commit)
+    async def commit(self, message_id: str, due_at: float = 0.0) -> bool:
+        return await self._change(message_id, lambda sql: sql.commit, due_at=due_at)
+
+    async def cancel(self, message_id: str) -> bool:
+        return await self._change(message_id, lambda sql: sql.cancel)
+
+    async def next_due_at(self, now: float) -> float | None:
+        statement = self._sql.scans.next_due
+        rows = await self._scans().fetch_all(
+            statement.text, statement.args(broker=self.config.broker, now=now)
+        )
+        found = [float(at) for (at,) in rows if at is not None]
+        return min(found, default=None)
 
     async def rollback(self, message_id: str) -> bool:
         return await self._change(message_id, lambda sql: sql.rollback)
@@ -261,6 +275,19 @@ class MySQLStore(SharedStore):
     async def page_dead(self, after: Cursor | None, limit: int) -> Page:
         return await self._page("dead", after, limit)
 
+    async def page_messages(
+        self, after: Cursor | None, limit: int, *, topic: str = "", stage: Stage | None = None
+    ) -> Page:
+        """This broker's rows and every dead letter, by message id (the cursor is the last id)."""
+        if limit < 1:
+            raise StoreError(f"page limit must be at least 1, got {limit}")
+        statement = self._sql.scans.browse[stage.value if stage else ""]
+        args = statement.args(broker=self.config.broker, topic=topic, after_id=after or "", limit=limit + 1)
+        rows = await self._scans().fetch_all(statement.text, args)
+        items = [from_row(row, STATE_COLUMNS) for row in rows[:limit]]
+        cursor = items[-1].message_id if len(rows) > limit else None
+        return Page(await self._with_bodies(items), cursor)
+
     async def _page(
         self,
         scan: str,
@@ -317,6 +344,20 @@ class MySQLStore(SharedStore):
             else:
                 dead[name] += number
         backlog = Counter({topic: n for (committed, topic), n in live.items() if committed})
+        by_acked = self._sql.scans.waiting
+        found = await self._scans().fetch_all(by_acked.text, by_acked.args(broker=self.config.broker))
+        waiting = summarize(
+            (topic, json.loads(acked), int(n), float(oldest)) for topic, acked, n, oldest in found
+        )
+        scheduled = self._sql.scans.scheduled
+        rows = await self._scans().fetch_all(
+            scheduled.text, scheduled.args(broker=self.config.broker, now=time.time())
+        )
+        by_topic: Counter[str] = Counter()
+        by_hour: Counter[int] = Counter()
+        for topic, hour, number in rows:
+            by_topic[topic] += int(number)
+            by_hour[int(hour)] += int(number)
         batchers = {batcher.name: dataclasses.asdict(batcher.stats) for batcher in self._batchers}
         return StoreStats(
             kind="mysql",
@@ -325,6 +366,9 @@ class MySQLStore(SharedStore):
             dead=sum(dead.values()),
             dead_by_reason=dict(dead),
             backlog_by_topic=dict(backlog),
+            waiting=waiting,
+            scheduled_by_topic=dict(by_topic),
+            scheduled_by_hour=dict(by_hour),
             details={
                 "broker": self.config.broker,
                 "master": str(self.config.master),

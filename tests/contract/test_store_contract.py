@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
-
 from protocol import Cmd
-from stores import DeadLetter, MessageEntity, MessageStore, open_store
+from stores import DeadLetter, MessageEntity, MessageStore, Stage, StoreStats, open_store
 
 
 def new_entity(
@@ -43,12 +41,6 @@ async def all_pages(fetch, limit: int = 3) -> list[MessageEntity]:
         assert page.cursor not in seen_cursors, "a cursor must advance"
         seen_cursors.add(page.cursor)
         cursor = page.cursor
-
-
-@pytest.fixture
-async def store(store_uri: str):
-    async with open_store(store_uri) as opened:
-        yield opened
 
 
 async def reopen(store: MessageStore, uri: str) -> MessageStore:
@@ -286,6 +278,77 @@ async def test_stats_counts(store: MessageStore) -> None:
     assert stats.uncommitted == 1
     assert stats.dead == 0
     assert stats.backlog_by_topic == {"a": 3, "b": 1}
+
+
+def waiting_counts(stats: StoreStats) -> dict[tuple[str, tuple[str, ...]], int]:
+    return {(row.topic, row.acked): row.messages for row in stats.waiting}
+
+
+def oldest(stats: StoreStats, topic: str, acked: tuple[str, ...]) -> float:
+    (row,) = (row for row in stats.waiting if (row.topic, row.acked) == (topic, acked))
+    return row.oldest
+
+
+async def test_stats_count_waiting_messages_by_the_groups_that_acked_them(
+    store: MessageStore, store_uri: str
+) -> None:
+    fresh = new_entity(topic="a", created_at=1_000.25)
+    old = new_entity(topic="a", created_at=900.5)
+    acked_ab, acked_ba = new_entity(topic="a"), new_entity(topic="a")
+    failed = new_entity(topic="b", created_at=950.0)
+    dead, uncommitted = new_entity(topic="b"), new_entity(topic="b", commit=False)
+    for entity in (fresh, old, acked_ab, acked_ba, failed, dead, uncommitted):
+        await store.save(entity)
+    await store.update_delivery(acked_ab.message_id, ["g1", "g2"], [], 1, 2_000.0)
+    await store.update_delivery(acked_ba.message_id, ["g2", "g1"], ["g3"], 1, 2_000.0)
+    await store.update_delivery(failed.message_id, [], ["g1"], 1, 2_000.0)
+    await store.dead_letter(dead.message_id, "expired")
+
+    stats = await store.stats()
+    assert waiting_counts(stats) == {("a", ()): 2, ("a", ("g1", "g2")): 2, ("b", ()): 1}, (
+        "committed, live messages only; the order of groups and the failed ones do not split a key"
+    )
+    first = oldest(stats, "a", ())
+    assert first <= 900.5 < first + 1, "the oldest created_at, to the second"
+
+    await store.finish(old.message_id)
+    await store.commit(uncommitted.message_id)
+    await store.redrive(dead.message_id)
+    assert await store.update_delivery(fresh.message_id, ["g1", "g2"], [], 1, 2_000.0)
+    if store.durable:
+        store = await reopen(store, store_uri)
+    try:
+        stats = await store.stats()
+        assert waiting_counts(stats) == {("a", ("g1", "g2")): 3, ("b", ()): 3}
+        assert oldest(stats, "b", ()) <= 950.0, "a failed group does not make a message any younger"
+    finally:
+        if store.durable:
+            await store.close()
+
+
+async def test_page_messages_browses_by_topic_and_stage_in_id_order(store: MessageStore) -> None:
+    committed = [new_entity(topic="a") for _ in range(4)] + [new_entity(topic="b")]
+    uncommitted, dead = new_entity(topic="a", commit=False), new_entity(topic="a")
+    for entity in (*committed, uncommitted, dead):
+        await store.save(entity)
+    await store.dead_letter(dead.message_id, "expired")
+    everything = [*committed, uncommitted, dead]
+
+    async def ids(**selection: object) -> list[str]:
+        found = await all_pages(lambda after, limit: store.page_messages(after, limit, **selection), limit=2)
+        assert all(entity.body for entity in found), "browsed pages carry bodies"
+        return [entity.message_id for entity in found]
+
+    assert await ids() == sorted(e.message_id for e in everything)
+    assert await ids(topic="a") == sorted(e.message_id for e in everything if e.topic == "a")
+    assert await ids(stage=Stage.COMMITTED) == sorted(e.message_id for e in committed)
+    assert await ids(topic="a", stage=Stage.COMMITTED) == sorted(e.message_id for e in committed[:4])
+    assert await ids(topic="b", stage=Stage.DEAD) == []
+    assert await ids(topic="a", stage=Stage.DEAD) == [dead.message_id]
+    assert await ids(stage=Stage.UNCOMMITTED) == [uncommitted.message_id]
+    assert await ids(topic="nowhere") == []
+    (page_of_one,) = (await store.page_messages(None, 1, stage=Stage.DEAD)).items
+    assert Stage.of(page_of_one) is Stage.DEAD and page_of_one.dead_reason == "expired"
 
 
 async def test_state_survives_reopen(store: MessageStore, store_uri: str) -> None:
