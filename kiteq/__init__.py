@@ -4,13 +4,14 @@ from kiteq import Message, Producer, Consumer, Binding, MessageListener, CheckMe
 """
 
 from kiteq.client import CheckMessageListener, Consumer, Message, MessageListener, Producer, SendResult
-from kiteq.errors import AuthError, KiteQError, SendError
+from kiteq.errors import AuthError, CancelError, KiteQError, SendError
 from kiteq.registry.bindings import Binding
 from protocol import TxStatus
 
 __all__ = [
     "AuthError",
     "Binding",
+    "CancelError",
     "CheckMessageListener",
     "Consumer",
     "KiteQError",

@@ -1,5 +1,7 @@
 """One error hierarchy, rooted in KiteQError; each message says what to do about it."""
 
+import errno
+
 from protocol.errors import KiteQError, ProtocolError
 from stores.errors import StoreCorrupted, StoreError, StoreLocked, StoreUnavailable
 
@@ -16,6 +18,23 @@ class RegistryError(KiteQError):
     """The registry (ZooKeeper or the registry file) cannot be used as asked."""
 
 
+class AddressInUse(KiteQError):
+    """Another process listens on an address the broker was told to listen on."""
+
+    def __init__(self, address: str, key: str) -> None:
+        flag = "--" + key.replace("_", "-")
+        super().__init__(
+            f"cannot listen on {address}: address already in use (another kiteq-server?); "
+            f"stop what holds it or choose another host:port with {flag} ([server] {key})"
+        )
+
+    @staticmethod
+    def is_cause(exc: BaseException) -> bool:
+        """Whether `exc`, or an exception group around it, is a bind the OS refused as EADDRINUSE."""
+        found = leaf_error(exc, (OSError,))
+        return isinstance(found, OSError) and found.errno == errno.EADDRINUSE
+
+
 class TLSError(KiteQError):
     """A TLS handshake failed: an untrusted certificate, a plaintext peer, a bad CA file."""
 
@@ -26,6 +45,14 @@ class ConnectionClosed(KiteQError):
 
 class SendError(KiteQError):
     """A message was not stored: resend it (same message id, so a duplicate is harmless)."""
+
+    def __init__(self, message: str, *, message_id: str = "") -> None:
+        super().__init__(message)
+        self.message_id = message_id
+
+
+class CancelError(KiteQError):
+    """A scheduled message was not cancelled; the text says why (too late, not ours, unknown)."""
 
     def __init__(self, message: str, *, message_id: str = "") -> None:
         super().__init__(message)
@@ -49,6 +76,7 @@ def leaf_error(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> Ba
 
 
 __all__ = [
+    "AddressInUse",
     "AuthError",
     "ConfigError",
     "ConnectionClosed",

@@ -18,6 +18,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from datetime import datetime
 from functools import partial
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
@@ -238,12 +239,24 @@ class Producer(_Blocking[AsyncProducer]):
             f"kiteq-producer-{options.group}",
         )
 
-    def send(self, message: Message, *, compress: bool = False) -> str:
+    def send(
+        self,
+        message: Message,
+        *,
+        compress: bool = False,
+        deliver_at: datetime | float | None = None,
+        delay: float | None = None,
+    ) -> str:
         """Store the message on a broker; its id once stored. Raises SendError.
 
-        `compress=True` sends the body snappy-compressed, as kiteq.Producer.send.
+        `compress`, `deliver_at` and `delay` as for kiteq.Producer.send.
         """
-        return self._loop.call(partial(self.client.send, message, compress=compress))
+        send = partial(self.client.send, message, compress=compress, deliver_at=deliver_at, delay=delay)
+        return self._loop.call(send)
+
+    def cancel(self, message_id: str) -> None:
+        """Withdraw a scheduled message of this group before its delivery; raises CancelError."""
+        self._loop.call(partial(self.client.cancel, message_id))
 
     def send_string(
         self, topic: str, message_type: str, text: str, *, compress: bool = False, **options: Any

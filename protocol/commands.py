@@ -23,6 +23,9 @@ class Cmd(enum.IntEnum):
     TX_ACK = 0x06
     BYTES_MESSAGE = 0x11
     STRING_MESSAGE = 0x12
+    # KiteQ-py's own: a producer cancels a scheduled message (a TxACKPacket naming it),
+    # answered with a MessageStoreAck. KiteQ's brokers do not know it.
+    CANCEL = 0x21
 
 
 BODY_TYPES: dict[Cmd, type[ProtobufMessage]] = {
@@ -32,6 +35,7 @@ BODY_TYPES: dict[Cmd, type[ProtobufMessage]] = {
     Cmd.MESSAGE_STORE_ACK: pb.MessageStoreAck,
     Cmd.DELIVER_ACK: pb.DeliverAck,
     Cmd.TX_ACK: pb.TxACKPacket,
+    Cmd.CANCEL: pb.TxACKPacket,
     Cmd.BYTES_MESSAGE: pb.BytesMessage,
     Cmd.STRING_MESSAGE: pb.StringMessage,
 }

@@ -30,6 +30,10 @@ class LogEvent(enum.StrEnum):
     REDRIVEN = "redriven"
     FINISHED = "finished"
     TX_CHECKED = "tx_checked"
+    # a stored message carrying `kiteq.deliverAt` in the future: `deliver_at` (Unix ms) says when
+    SCHEDULED = "scheduled"
+    # a scheduled message its producer group (or an operator) cancelled: it is never delivered
+    CANCELLED = "cancelled"
     # consumer
     RECEIVED = "received"
     PROCESSED = "processed"
@@ -49,6 +53,8 @@ BROKER_EVENTS = (
     LogEvent.REDRIVEN,
     LogEvent.FINISHED,
     LogEvent.TX_CHECKED,
+    LogEvent.SCHEDULED,
+    LogEvent.CANCELLED,
 )
 CONSUMER_EVENTS = (LogEvent.RECEIVED, LogEvent.PROCESSED)
 # Events about one consumer group of a message: without `group` such a line means nothing.

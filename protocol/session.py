@@ -73,7 +73,15 @@ class State(enum.Enum):
 # The commands each end may receive once OPEN; anything else is `Ignored`.
 RECEIVES: dict[Role, frozenset[Cmd]] = {
     Role.BROKER: frozenset(
-        {Cmd.HEARTBEAT, Cmd.CONN_META, Cmd.DELIVER_ACK, Cmd.TX_ACK, Cmd.BYTES_MESSAGE, Cmd.STRING_MESSAGE}
+        {
+            Cmd.HEARTBEAT,
+            Cmd.CONN_META,
+            Cmd.DELIVER_ACK,
+            Cmd.TX_ACK,
+            Cmd.BYTES_MESSAGE,
+            Cmd.STRING_MESSAGE,
+            Cmd.CANCEL,
+        }
     ),
     Role.CLIENT: frozenset(
         {
@@ -90,7 +98,7 @@ RECEIVES: dict[Role, frozenset[Cmd]] = {
 # A client's ConnMeta is sent once, by `connect`, and never again.
 REQUESTS: dict[Role, frozenset[Cmd]] = {
     Role.BROKER: frozenset({Cmd.BYTES_MESSAGE, Cmd.STRING_MESSAGE, Cmd.TX_ACK}),
-    Role.CLIENT: frozenset({Cmd.HEARTBEAT, Cmd.BYTES_MESSAGE, Cmd.STRING_MESSAGE}),
+    Role.CLIENT: frozenset({Cmd.HEARTBEAT, Cmd.BYTES_MESSAGE, Cmd.STRING_MESSAGE, Cmd.CANCEL}),
 }
 # The commands each end sends without expecting an answer: answers, and KiteQ's one-way
 # tx decision (a TxACKPacket with opaque 0).
@@ -106,7 +114,7 @@ ANSWERS: dict[Role, frozenset[Cmd]] = {
 # Which requests each answer may settle: a DeliverAck never settles a tx question.
 ANSWERED_BY: dict[Cmd, frozenset[Cmd]] = {
     Cmd.DELIVER_ACK: MESSAGE_CMDS,
-    Cmd.MESSAGE_STORE_ACK: MESSAGE_CMDS,
+    Cmd.MESSAGE_STORE_ACK: MESSAGE_CMDS | {Cmd.CANCEL},
     Cmd.TX_ACK: frozenset({Cmd.TX_ACK}),
     Cmd.CONN_AUTH_ACK: frozenset({Cmd.CONN_META}),
     Cmd.HEARTBEAT: frozenset({Cmd.HEARTBEAT}),
@@ -114,7 +122,7 @@ ANSWERED_BY: dict[Cmd, frozenset[Cmd]] = {
 
 
 # Module constants: reading an enum member off its class costs a descriptor call per frame.
-_CONN_AUTH_ACK, _TX_ACK, _HEARTBEAT = Cmd.CONN_AUTH_ACK, Cmd.TX_ACK, Cmd.HEARTBEAT
+_CONN_AUTH_ACK, _TX_ACK, _HEARTBEAT, _CANCEL = Cmd.CONN_AUTH_ACK, Cmd.TX_ACK, Cmd.HEARTBEAT, Cmd.CANCEL
 
 
 class SessionError(ProtocolError):
@@ -173,6 +181,15 @@ class TxDecision(NamedTuple):
     question: Any
 
 
+class CancelRequested(NamedTuple):
+    """Broker: a producer asks that a scheduled message never be delivered; answer with
+    `store_ack(opaque, ...)` (status: cancelled or not, feedback: why not)."""
+
+    opaque: int
+    message_id: str
+    group: str
+
+
 class Request(NamedTuple):
     """Client: the broker asks something: a delivery (a message cmd) or a tx question."""
 
@@ -187,7 +204,7 @@ class Ignored(NamedTuple):
     reason: str
 
 
-Event = Hello | MessageReceived | MessageRefused | Answered | TxDecision | Request | Ignored
+Event = Hello | MessageReceived | MessageRefused | Answered | TxDecision | CancelRequested | Request | Ignored
 
 
 def quote(text: str, limit: int = QUOTE_LIMIT) -> str:
@@ -334,6 +351,8 @@ class Session:
                 append(self._tx_ack(frame, body))
             elif cmd is _HEARTBEAT:  # the client's ping, echoed under its opaque
                 self.outgoing.append(encode_frame(frame.opaque, _HEARTBEAT, body))
+            elif cmd is _CANCEL:
+                append(CancelRequested(frame.opaque, body.header.messageId, self.group))  # type: ignore[attr-defined]
             else:  # the broker: a ConnMeta once open
                 append(self._hello_again(frame, body))
         return events

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from kiteq.client.compression import compress as snappy_compress
 from protocol import Cmd, pb
+from protocol.schedule import DELIVER_AT, BadDeliverAt, format_deliver_at, parse_deliver_at
 
 # Set by the broker on every delivery (see kiteq.server.delivery.rounds).
 DELIVER_COUNT_PROPERTY = "kiteq.deliverCount"
@@ -73,11 +74,26 @@ class Message:
             wire.header.snappy = True
         return wire
 
+    @property
+    def deliver_at(self) -> float | None:
+        """When the message asked to be delivered (Unix seconds; property kiteq.deliverAt), if it did."""
+        text = self.properties.get(DELIVER_AT)
+        try:
+            return None if text is None else parse_deliver_at(text)
+        except BadDeliverAt:
+            return None
+
+    def schedule(self, at: float) -> None:
+        """Ask for delivery no earlier than Unix time `at` (sets the kiteq.deliverAt property)."""
+        self.properties[DELIVER_AT] = format_deliver_at(at)
+
     def _fill(self, header: pb.Header) -> None:
         header.messageId = self.message_id
         header.topic = self.topic
         header.messageType = self.message_type
-        header.expiredTime = self.expired_time if self.ttl is None else int(time.time() + self.ttl)
+        # A delayed message's ttl counts from when it is due.
+        lives_from = self.deliver_at or time.time()
+        header.expiredTime = self.expired_time if self.ttl is None else int(lives_from + self.ttl)
         header.deliverLimit = self.deliver_limit
         header.groupId = self.group
         header.commit = self.commit

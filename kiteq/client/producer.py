@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -14,10 +16,11 @@ from kiteq.client.connection import ClientConnection
 from kiteq.client.listeners import CheckMessageListener
 from kiteq.client.message import Message
 from kiteq.client.options import ProducerOptions, keyword_options
-from kiteq.errors import ConnectionClosed, SendError
+from kiteq.errors import CancelError, ConnectionClosed, SendError
 from kiteq.registry import Registry
 from protocol import MESSAGE_CMDS, Cmd, Frame, TxStatus, pb
 from protocol.logevents import LogEvent
+from protocol.schedule import UNKNOWN_MESSAGE
 
 log = structlog.get_logger(__name__)
 
@@ -34,6 +37,20 @@ class SendResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+def schedule(message: Message, deliver_at: datetime | float | None, delay: float | None) -> None:
+    """Set `message`'s delivery time from `send`'s `deliver_at` or `delay` (not both)."""
+    if deliver_at is not None and delay is not None:
+        raise ValueError("pass deliver_at or delay, not both")
+    if isinstance(deliver_at, datetime):
+        if deliver_at.tzinfo is None:
+            raise ValueError("deliver_at must be timezone-aware (a naive datetime has no single moment)")
+        deliver_at = deliver_at.timestamp()
+    if delay is not None:
+        deliver_at = time.time() + delay
+    if deliver_at is not None:
+        message.schedule(deliver_at)
 
 
 class Producer(Client):
@@ -61,14 +78,64 @@ class Producer(Client):
 
     # -- sending --------------------------------------------------------------------------
 
-    async def send(self, message: Message, *, compress: bool = False) -> str:
+    async def send(
+        self,
+        message: Message,
+        *,
+        compress: bool = False,
+        deliver_at: datetime | float | None = None,
+        delay: float | None = None,
+    ) -> str:
         """Store the message on a broker; its id once stored. Raises SendError.
 
         `compress=True` sends the body snappy-compressed (`header.snappy`), as KiteQ's Go
-        client does; consumers, ours and Go's, decompress it. `message` is not changed.
+        client does; consumers, ours and Go's, decompress it. `deliver_at` (a datetime, or
+        Unix seconds) or `delay` (seconds from now) asks the broker to deliver it no earlier
+        than then: it is stored and acked at once, and `cancel` can still withdraw it (sets
+        the message's kiteq.deliverAt property).
         """
+        schedule(message, deliver_at, delay)
         await self._store(message, compress)
         return message.message_id
+
+    async def cancel(self, message_id: str) -> None:
+        """Withdraw a scheduled message of this group before its delivery; raises CancelError.
+
+        Asks each broker serving this producer's topics (the one holding the message
+        answers); a message already being delivered, delivered, or not scheduled is not
+        cancelled, and the error says which.
+        """
+        # Only the id and the group matter to the broker; the rest is what proto2 requires.
+        header = pb.Header(
+            messageId=message_id,
+            topic="",
+            messageType="",
+            expiredTime=-1,
+            deliverLimit=0,
+            groupId=self.group,
+            commit=True,
+            fly=False,
+        )
+        packet = pb.TxACKPacket(header=header, status=TxStatus.ROLLBACK, feedback="cancel")
+        reasons = []
+        for connection in self.pool.live():
+            try:
+                answer = await connection.request(Cmd.CANCEL, packet, self.options.send_timeout)
+            except (trio.TooSlowError, ConnectionClosed) as exc:
+                reasons.append(f"{connection.address}: {exc or 'no answer'}")
+                continue
+            assert isinstance(answer, pb.MessageStoreAck)
+            if answer.status:
+                return
+            if not answer.feedback.startswith(UNKNOWN_MESSAGE):
+                raise CancelError(
+                    f"message {message_id} was not cancelled: {answer.feedback}", message_id=message_id
+                )
+            reasons.append(f"{connection.address}: {answer.feedback}")
+        raise CancelError(
+            f"message {message_id} was not cancelled: " + ("; ".join(reasons) or "no broker is reachable"),
+            message_id=message_id,
+        )
 
     async def _store(self, message: Message, compress: bool) -> ClientConnection:
         message.group = self.group

@@ -24,15 +24,18 @@ import trio
 
 from kiteq.config import BrokerConfig
 from kiteq.delivery_log import DeliveryLog
+from kiteq.errors import AddressInUse
 from kiteq.registry import Registry, open_registry
 from kiteq.registry.bindings import Binding
 from kiteq.server.acl import Acl
 from kiteq.server.admin.app import AdminApp
+from kiteq.server.admin.browse import MessageBrowser
 from kiteq.server.admin.dlq import DeadLetters
 from kiteq.server.admin.serve import serve_admin
 from kiteq.server.admission import Admission
 from kiteq.server.adoption import AdoptLoop
 from kiteq.server.auth import Authenticator
+from kiteq.server.cancel import Cancelled, cancel_scheduled
 from kiteq.server.clock import WallClock, system_clock
 from kiteq.server.connection import BrokerConnection
 from kiteq.server.delivery.dispatcher import Dispatcher
@@ -40,9 +43,11 @@ from kiteq.server.delivery.recover import RecoverLoop, RecoverSignal
 from kiteq.server.events import Events
 from kiteq.server.groups import GroupTable
 from kiteq.server.handlers import Handlers
+from kiteq.server.history import History, sample_every
+from kiteq.server.latency import Latencies
 from kiteq.server.refusals import RefusalLog
 from kiteq.server.routing import Router
-from kiteq.server.stats import group_and_topic_rows
+from kiteq.server.stats import group_and_topic_rows, scheduled_summary
 from kiteq.server.tx.backscan import TxBackscan
 from kiteq.tls import server_context
 from protocol.session import Hello, quote
@@ -81,6 +86,9 @@ class Broker:
             else None
         )
         self.events = Events(delivery_log)
+        self.latency = Latencies(clock)
+        self.events.observers.append(self.latency.observe)
+        self.history = History(config.server.history_interval)
         self.router = Router()
         self.groups = GroupTable()
         self.refusals = RefusalLog()
@@ -105,6 +113,9 @@ class Broker:
         self.recover = RecoverLoop(self.store, self.dispatcher, config.delivery, self.recover_signal)
         self.backscan = TxBackscan(self.store, self.groups, config.tx, self.events, clock=clock)
         self.dead_letters = DeadLetters(self.store, self.dispatcher, self.events)
+        self.messages = MessageBrowser(
+            self.store, self.router, delivery_log.path if delivery_log is not None else None, clock
+        )
         self.connections: set[BrokerConnection] = set()
         self.started_at = time.time()
         self.served_topics: tuple[str, ...] = ()
@@ -132,7 +143,12 @@ class Broker:
                 store=self.store.uri,
                 detail="messages are lost when the broker stops",
             )
-        listeners = await trio.open_tcp_listeners(int(port), host=host)
+        try:
+            listeners = await trio.open_tcp_listeners(int(port), host=host)
+        except OSError as exc:
+            if AddressInUse.is_cause(exc):
+                raise AddressInUse(self.config.server.bind, "bind") from None
+            raise
         self.address = f"{host}:{listeners[0].socket.getsockname()[1]}"
         self.handlers = Handlers(
             self.store,
@@ -166,6 +182,7 @@ class Broker:
             nursery.start_soon(self.backscan.run)
             nursery.start_soon(self._expire_requests)
             nursery.start_soon(self.refusals.run)
+            nursery.start_soon(sample_every, self.history, self.clock, self.stats, self.latency.roll)
             if isinstance(self.store, SharedStore):
                 adoption = AdoptLoop(
                     self.store, self.registry, self.config.server.adopt_after, self.recover_signal.wake
@@ -214,7 +231,12 @@ class Broker:
         if not server.admin_bind:
             return
         app = AdminApp(self, server.admin_token)
-        bound = await nursery.start(serve_admin, app, server.admin_bind, self.config.tls)
+        try:
+            bound = await nursery.start(serve_admin, app, server.admin_bind, self.config.tls)
+        except (OSError, BaseExceptionGroup) as exc:
+            if AddressInUse.is_cause(exc):
+                raise AddressInUse(server.admin_bind, "admin_bind") from None
+            raise
         self.admin_address = bound[0].removeprefix("http://") if bound else self.config.server.admin_bind
 
     async def _register(self) -> None:
@@ -315,13 +337,23 @@ class Broker:
 
     # -- introspection ------------------------------------------------------------------------
 
+    async def cancel(self, message_id: str) -> Cancelled:
+        """An operator's cancel of a scheduled message (the admin endpoint's POST /messages/{id}/cancel)."""
+        return await cancel_scheduled(self.store, self.dispatcher, self.events, message_id, None)
+
     async def stats(self) -> dict[str, Any]:
         """A JSON snapshot for /stats, /metrics, `kiteq-admin stats|top` and the dashboard."""
         store_stats = await self.store.stats()
         lanes = self.dispatcher.lane_stats()
         connections = self.groups.groups()
         groups, topics, totals = group_and_topic_rows(
-            store_stats.backlog_by_topic, connections, lanes, self.events.counts
+            self.router.bindings,
+            store_stats.waiting,
+            store_stats.backlog_by_topic,
+            connections,
+            lanes,
+            self.events.counts,
+            self.clock(),
         )
         return {
             "address": self.address,
@@ -356,6 +388,9 @@ class Broker:
                 "waiting_for_producer": dict(self.backscan.waiting),
             },
             "dead_letters": {"total": store_stats.dead, "by_reason": store_stats.dead_by_reason},
+            "scheduled": scheduled_summary(
+                store_stats.scheduled_by_topic, store_stats.scheduled_by_hour, self.clock()
+            ),
             "store": {
                 "kind": store_stats.kind,
                 "messages": store_stats.messages,
@@ -366,4 +401,5 @@ class Broker:
                 "details": store_stats.details,
             },
             "events": totals,
+            "latency": self.latency.snapshot(),
         }

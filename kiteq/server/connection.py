@@ -36,6 +36,7 @@ from kiteq.transport import READ_SIZE, FramedStream, OutboxOverflow
 from protocol import HEADER_SIZE, Cmd, TxStatus, pb
 from protocol.session import (
     Answered,
+    CancelRequested,
     Event,
     Hello,
     Ignored,
@@ -261,6 +262,8 @@ class BrokerConnection:
                 event.request.resolve(answer.status, "" if answer.status else (answer.feedback or "nack"))
             elif isinstance(event, TxDecision):
                 await self._on_decision(event)
+            elif isinstance(event, CancelRequested):
+                await self._spawn(1, self.host.handlers.cancel, self, event)
             elif isinstance(event, Hello):
                 await self._authenticate(event)
             elif isinstance(event, MessageRefused):

@@ -15,16 +15,18 @@ import structlog
 import trio
 
 from kiteq.server.acl import Acl
+from kiteq.server.cancel import Cancelled, cancel_scheduled
 from kiteq.server.clock import WallClock
 from kiteq.server.delivery.dispatcher import Dispatcher
 from kiteq.server.delivery.rounds import first_due
 from kiteq.server.events import Events
 from kiteq.server.refusals import RefusalLog
 from kiteq.server.tx.decisions import apply_decision, decision_of
-from kiteq.server.validate import InvalidMessage, validate_message
+from kiteq.server.validate import InvalidMessage, Limits, validate_message
 from protocol import TxStatus
 from protocol.logevents import LogEvent
-from protocol.session import MessageReceived, TxDecision, quote
+from protocol.schedule import deliver_at_of
+from protocol.session import CancelRequested, MessageReceived, TxDecision, quote
 from stores import MessageStore, StoreError, entity_from_wire
 from stores.entity import MessageEntity
 
@@ -67,6 +69,7 @@ class Handlers:
         self.refusals = refusals
         self.address = address
         self.clock = clock
+        self.limits = Limits(max_delay=dispatcher.config.max_delay)
 
     async def produce(self, requester: Requester, requests: Sequence[MessageReceived]) -> None:
         """Validate, store, ack, then dispatch the messages of one read.
@@ -81,7 +84,7 @@ class Handlers:
         for opaque, cmd, message, sent in requests:
             entity = entity_from_wire(cmd, message)
             try:
-                validate_message(entity, now)
+                validate_message(entity, now, self.limits)
                 if acl is not None and not acl.may_publish(requester.group, entity.topic):
                     raise InvalidMessage(
                         f"group {quote(requester.group)} may not publish to topic {quote(entity.topic)} "
@@ -127,6 +130,24 @@ class Handlers:
             self.events.emit(LogEvent.STORED, entity, commit=entity.commit, groups=groups, store_ms=store_ms)
             if entity.commit and now_or_later:
                 self.dispatcher.submit(entity, sent)
+            elif (at := deliver_at_of(entity.properties)) is not None and at > now:
+                self.events.emit(LogEvent.SCHEDULED, entity, deliver_at=round(at * 1000), groups=groups)
+                if entity.commit:
+                    self.dispatcher.on_retry(at)
+
+    async def cancel(self, requester: Requester, request: CancelRequested) -> None:
+        """A producer's cancel of a scheduled message of its own group, answered either way."""
+        try:
+            outcome = await cancel_scheduled(
+                self.store, self.dispatcher, self.events, request.message_id, request.group
+            )
+        except StoreError as exc:
+            outcome = Cancelled(False, f"the store failed ({exc}); ask again")
+        if not outcome.done:
+            self.refusals.refused(
+                "cancel.refused", conn=requester.peer, message_id=quote(request.message_id), why=outcome.why
+            )
+        requester.store_ack(request.opaque, request.message_id, outcome.done, outcome.why or "cancelled")
 
     async def decide(self, requester: Requester, decision: TxDecision) -> None:
         """Apply a producer's commit or rollback, if the message is of its own group."""

@@ -3,9 +3,10 @@
 Cost on the hot path is what decided the shape:
 - Counters are read at scrape time from `Events.counts`, which every emit already
   increments, so they add nothing per message and always agree with /stats.
-- Latencies arrive through an `Events` observer into plain bucket lists: a bisect and two
-  adds (~0.3 µs), where prometheus_client's Histogram takes a lock per bucket (~2 µs) that
-  a single-threaded Trio broker does not need.
+- Latencies are the broker's own histograms (`kiteq/server/latency.py`, fed by an `Events`
+  observer: a bisect and a few adds, ~0.3 µs, where prometheus_client's Histogram takes a
+  lock per bucket, ~2 µs, that a single-threaded Trio broker does not need), exposed here
+  as histograms and as the p50/p90/p99 the dashboard shows.
 - Gauges come from the `Broker.stats()` snapshot the /metrics route hands to `render`.
 
 Everything is registered in a per-broker CollectorRegistry, so brokers sharing a process
@@ -14,8 +15,6 @@ Everything is registered in a per-broker CollectorRegistry, so brokers sharing a
 
 from __future__ import annotations
 
-import time
-from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,7 +29,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from kiteq.server.events import Events
-from stores.entity import MessageEntity
+from kiteq.server.latency import ALL_GROUPS, QUANTILES, Histogram, Latencies
 
 # Event name -> (metric name without `_total`, help). Every event `Events.emit` sees.
 COUNTERS: dict[str, tuple[str, str]] = {
@@ -48,65 +47,17 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "tx_checked": ("kiteq_tx_checks", "Transaction checks sent to producers by the back-scan."),
 }
 
-# A local save is sub-millisecond, MariaDB a few ms; STORE_TIMEOUT is 10 s.
-STORE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0)
-# Push -> ack is the consumer's handling time; up to deliver_timeout (default 30 s) by definition.
-ACK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-# Stored -> acked includes retries with backoff and time spent dead before a redrive.
-END_TO_END_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
-
-
-class Latency:
-    """A histogram without locks, for the broker's one thread: observe is a bisect and two adds."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.total = 0.0
-
-    def observe(self, seconds: float) -> None:
-        # bisect_left puts a value equal to a bound in that bound's bucket, as `le` means.
-        self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.total += seconds
-
-    def buckets(self) -> list[tuple[str, float]]:
-        """Cumulative (le, count) pairs ending with +Inf, as the exposition format wants."""
-        cumulative, running = [], 0
-        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            running += count
-            cumulative.append((floatToGoString(bound), float(running)))  # type: ignore[no-untyped-call]
-        return cumulative
-
 
 class BrokerMetrics(Collector):
     """The collector behind GET /metrics; attach once per broker."""
 
-    def __init__(self, events: Events) -> None:
+    def __init__(self, events: Events, latency: Latencies) -> None:
         self.events = events
-        self.store_latency = Latency(STORE_BUCKETS)
-        self.ack_latency: dict[str, Latency] = {}
-        self.end_to_end: dict[str, Latency] = {}
+        self.latency = latency
         self._snapshot: dict[str, Any] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         ProcessCollector(registry=self.registry)
-        events.observers.append(self.observe)
-
-    def observe(self, event: str, entity: MessageEntity, fields: dict[str, object]) -> None:
-        """The Events observer: only `stored` and `acked` carry a latency."""
-        if event == "acked":
-            group = str(fields.get("group", ""))
-            ack = self.ack_latency.get(group)
-            if ack is None:
-                ack = self.ack_latency[group] = Latency(ACK_BUCKETS)
-                self.end_to_end[group] = Latency(END_TO_END_BUCKETS)
-            ack.observe(float(fields.get("latency_ms", 0.0)) / 1000)  # type: ignore[arg-type]
-            if entity.created_at:
-                self.end_to_end[group].observe(max(0.0, time.time() - entity.created_at))
-        elif event == "stored" and "store_ms" in fields:
-            self.store_latency.observe(float(fields["store_ms"]) / 1000)  # type: ignore[arg-type]
 
     def render(self, stats: dict[str, Any]) -> bytes:
         """The Prometheus text for this broker, its gauges taken from `stats` (Broker.stats())."""
@@ -133,20 +84,38 @@ class BrokerMetrics(Collector):
         store = HistogramMetricFamily(
             "kiteq_store_save_seconds", "Time the store took to save a produced message (successful saves)."
         )
-        store.add_metric((), self.store_latency.buckets(), self.store_latency.total)
+        store.add_metric((), _buckets(self.latency.store.cumulative), self.latency.store.cumulative.total)
         yield store
+        latency = self.latency
         for name, doc, by_group in (
-            ("kiteq_delivery_ack_seconds", "Push to a consumer -> its ack, per group.", self.ack_latency),
+            ("kiteq_delivery_ack_seconds", "Push to a consumer -> its ack, per group.", latency.ack),
             (
                 "kiteq_end_to_end_seconds",
                 "Message stored -> acked by the group, retries included.",
-                self.end_to_end,
+                latency.end_to_end,
             ),
         ):
             family = HistogramMetricFamily(name, doc, labels=("group",))
-            for group, latency in sorted(by_group.items()):
-                family.add_metric((group,), latency.buckets(), latency.total)
+            for group, window in latency.groups(by_group).items():
+                family.add_metric((group,), _buckets(window.cumulative), window.cumulative.total)
             yield family
+        quantiles = GaugeMetricFamily(
+            "kiteq_latency_quantile_seconds",
+            "Latency percentiles: store (save), end_to_end and ack (group '(all groups)' merges them),"
+            " over the last history interval and since start.",
+            labels=("kind", "group", "window", "quantile"),
+        )
+        figures = [("store", "", latency.store)]
+        for kind, by_group in (("end_to_end", latency.end_to_end), ("ack", latency.ack)):
+            figures += [(kind, ALL_GROUPS, by_group[ALL_GROUPS])]
+            figures += [(kind, group, window) for group, window in latency.groups(by_group).items()]
+        for kind, group, window in figures:
+            for name, histogram in (("interval", window.last), ("cumulative", window.cumulative)):
+                for q in QUANTILES:
+                    value = histogram.percentile(q)
+                    if value is not None:
+                        quantiles.add_metric((kind, group, name, str(q)), value)
+        yield quantiles
 
     def _gauges(self, stats: dict[str, Any]) -> Iterator[Metric]:
         if not stats:
@@ -207,6 +176,47 @@ class BrokerMetrics(Collector):
             ("reason",),
             {(reason,): n for reason, n in stats["dead_letters"]["by_reason"].items()},
         )
+        yield _labelled(
+            "kiteq_scheduled_messages",
+            "Delayed messages (kiteq.deliverAt) not yet delivered, per topic.",
+            ("topic",),
+            {(topic,): n for topic, n in stats["scheduled"]["by_topic"].items()},
+        )
+        yield from _group_gauges(stats["groups"])
+
+
+def _buckets(histogram: Histogram) -> list[tuple[str, float]]:
+    """Cumulative (le, count) pairs ending with +Inf, as the exposition format wants."""
+    return [(floatToGoString(le), float(n)) for le, n in histogram.buckets()]  # type: ignore[no-untyped-call]
+
+
+def _group_gauges(groups: dict[str, dict[str, Any]]) -> Iterator[GaugeMetricFamily]:
+    """Per (group, topic) from the /stats binding rows: what the group still waits for."""
+    backlog: dict[tuple[str, ...], float] = {}
+    inflight: dict[tuple[str, ...], float] = {}
+    oldest: dict[tuple[str, ...], float] = {}
+    for group, row in groups.items():
+        for binding in row["bindings"]:
+            key = (group, binding["topic"])
+            backlog[key] = binding["backlog"]  # the topic's count: the same for each binding of it
+            inflight[key] = inflight.get(key, 0) + binding["inflight"]
+            oldest[key] = max(oldest.get(key, 0.0), binding["oldest_waiting_age"] or 0.0)
+    labels = ("group", "topic")
+    yield _labelled(
+        "kiteq_group_backlog",
+        "Committed messages of the topic the group has not acked yet (kept for it while it is away).",
+        labels,
+        backlog,
+    )
+    yield _labelled(
+        "kiteq_group_inflight", "Deliveries to the group sent and not answered yet.", labels, inflight
+    )
+    yield _labelled(
+        "kiteq_group_oldest_waiting_seconds",
+        "Age of the oldest message of the topic the group has not acked (0 when none waits).",
+        labels,
+        oldest,
+    )
 
 
 def _labelled(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from protocol.schedule import DELIVER_AT, BadDeliverAt, parse_deliver_at
 from stores.entity import MessageEntity
 
 MESSAGE_ID = re.compile(r"[0-9a-fA-F]{32}")
@@ -21,6 +22,7 @@ class Limits:
     max_name_length: int = 255
     max_properties: int = 64
     max_property_bytes: int = 8192
+    max_delay: float = 2 * 365 * 24 * 3600.0  # [delivery] max_delay
 
 
 class InvalidMessage(ValueError):
@@ -49,10 +51,30 @@ def validate_message(entity: MessageEntity, now: float, limits: Limits = Limits(
         entity.deliver_limit = MAX_DELIVER_LIMIT
     if 0 < entity.expired_time <= now:
         raise InvalidMessage("Expired Message! expiredTime is in the past")
-    if entity.expired_time <= 0 or entity.expired_time > now + MAX_TTL_SECONDS:
-        entity.expired_time = int(now) + MAX_TTL_SECONDS
+    # A delayed message's lifetime starts when it is due, not when it is sent.
+    due = max(now, _deliver_at(entity, now, limits.max_delay))
+    if entity.expired_time <= 0 or entity.expired_time > due + MAX_TTL_SECONDS:
+        entity.expired_time = int(due) + MAX_TTL_SECONDS
     if entity.create_time <= 0:
         entity.create_time = int(now)
+
+
+def _deliver_at(entity: MessageEntity, now: float, max_delay: float) -> float:
+    """The time the message asks to be delivered at (`now` when it asks for none)."""
+    text = entity.properties.get(DELIVER_AT) if entity.properties else None
+    if text is None:
+        return now
+    try:
+        at = parse_deliver_at(text)
+    except BadDeliverAt as exc:
+        raise InvalidMessage(str(exc)) from None
+    if at > now + max_delay:
+        raise InvalidMessage(
+            f"{DELIVER_AT} is {at - now:.0f} s ahead, beyond this broker's max_delay of {max_delay:.0f} s"
+        )
+    if 0 < entity.expired_time < at:
+        raise InvalidMessage(f"expiredTime is before {DELIVER_AT}: the message would expire before it is due")
+    return at
 
 
 def _refuse_names(entity: MessageEntity, longest: int) -> None:

@@ -1,10 +1,14 @@
-"""Dead-letter operations: list with filters, redrive, purge. Used by the admin routes."""
+"""Dead-letter operations: list with filters, redrive, purge. Used by the admin routes.
+
+Redrive and purge change the store, so each is audited (`audit.redrive`, `audit.purge`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+from kiteq.server.admin.audit import IN_PROCESS, Caller, audited
 from kiteq.server.delivery.dispatcher import Dispatcher
 from kiteq.server.events import Events
 from protocol.logevents import LogEvent
@@ -80,24 +84,25 @@ class DeadLetters:
                 break
         return found
 
-    async def redrive(self, selection: DeadFilter) -> int:
+    async def redrive(self, selection: DeadFilter, caller: Caller = IN_PROCESS) -> int:
         """Bring matching dead letters back and deliver them now; the number redriven."""
-        chosen = [entity.message_id async for entity in dead_letters(self.store, selection)]
-        count = 0
-        for message_id in chosen:
-            if not await self.store.redrive(message_id):
-                continue
-            entity = await self.store.get(message_id)
-            if entity is None:
-                continue
-            count += 1
-            self.events.emit(LogEvent.REDRIVEN, entity)
-            self.dispatcher.submit(entity)
-        return count
+        with audited("redrive", caller, asdict(selection)) as tally:
+            chosen = [entity.message_id async for entity in dead_letters(self.store, selection)]
+            for message_id in chosen:
+                if not await self.store.redrive(message_id):
+                    continue
+                entity = await self.store.get(message_id)
+                if entity is None:
+                    continue
+                tally.messages += 1
+                self.events.emit(LogEvent.REDRIVEN, entity)
+                self.dispatcher.submit(entity)
+        return tally.messages
 
-    async def purge(self, selection: DeadFilter) -> int:
-        chosen = [entity.message_id async for entity in dead_letters(self.store, selection)]
-        count = 0
-        for message_id in chosen:
-            count += await self.store.purge(message_id)
-        return count
+    async def purge(self, selection: DeadFilter, caller: Caller = IN_PROCESS) -> int:
+        """Delete matching dead letters for good; the number purged."""
+        with audited("purge", caller, asdict(selection)) as tally:
+            chosen = [entity.message_id async for entity in dead_letters(self.store, selection)]
+            for message_id in chosen:
+                tally.messages += await self.store.purge(message_id)
+        return tally.messages

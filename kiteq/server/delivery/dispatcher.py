@@ -26,6 +26,7 @@ from kiteq.server.events import Events
 from kiteq.server.groups import GroupTable, Peer
 from kiteq.server.routing import Router
 from protocol.logevents import LogEvent
+from protocol.schedule import deliver_at_of
 from stores import DeadLetter, MessageStore, StoreError
 from stores.entity import MessageEntity
 
@@ -65,6 +66,7 @@ class Dispatcher:
         self.on_capacity = on_capacity
         self.on_retry = on_retry
         self.rounds: dict[str, Round] = {}
+        self.held: set[str] = set()  # ids being cancelled: never submitted meanwhile
         self.lanes: dict[tuple[str, str, str], Lane] = {}
         self._nursery: trio.Nursery | None = None
         self._completed_send, self._completed_receive = trio.open_memory_channel[Round](math.inf)
@@ -105,7 +107,7 @@ class Dispatcher:
         A message already in a round is left alone: it is on its way. `sent`: the body
         as the producer serialized it, for a message just received (see `Round.of`).
         """
-        if self.draining or entity.message_id in self.rounds:
+        if self.draining or entity.message_id in self.rounds or entity.message_id in self.held:
             return False
         bindings = self.router.route(entity.topic, entity.message_type)
         owed = [b for b in bindings if b.group not in entity.succ_groups] if entity.succ_groups else bindings
@@ -140,13 +142,20 @@ class Dispatcher:
         full lane is marked starved, so the recover loop is woken when it frees up. A
         message whose groups are all persistent and offline is not submitted either: it
         is stored due, under a parked topic, and the recover loop offers it once one of
-        them connects.
+        them connects. A delayed message (`kiteq.deliverAt` ahead) is stored due at that
+        time; the caller tells the recover loop once it is stored.
         """
         room: dict[Lane, int] = {}
         admitted = []
-        for entity in entities:
+        delayed: dict[int, float] = {}
+        for index, entity in enumerate(entities):
             if not entity.commit:
                 admitted.append(True)
+                continue
+            at = deliver_at_of(entity.properties)
+            if at is not None and at > now:
+                delayed[index] = at
+                admitted.append(False)
                 continue
             bindings = self.router.route(entity.topic, entity.message_type)
             if bindings and not any(self._deliverable(binding) for binding in bindings):
@@ -167,6 +176,8 @@ class Dispatcher:
         timeout = self.config.deliver_timeout
         for entity, now_or_later in zip(entities, admitted, strict=True):
             entity.next_deliver_at = first_due(now, timeout, now_or_later)
+        for index, at in delayed.items():
+            entities[index].next_deliver_at = at
         return admitted
 
     def _deliverable(self, binding: Binding) -> bool:

@@ -12,6 +12,7 @@ import enum
 import functools
 from dataclasses import dataclass, field
 
+from kiteq.server.dead_reasons import DeadReason
 from protocol import Cmd, pb
 from stores.entity import MessageEntity
 
@@ -114,18 +115,18 @@ class Round:
             # dead-letter queue rather than waiting forever for a subscriber.
             count = entity.deliver_count + 1
             if count >= entity.deliver_limit:
-                return Outcome(Verdict.DEAD, (), (), count, "no-binding")
-            return Outcome(Verdict.RETRY, (), (), count, "no-binding")
+                return Outcome(Verdict.DEAD, (), (), count, DeadReason.NO_BINDING)
+            return Outcome(Verdict.RETRY, (), (), count, DeadReason.NO_BINDING)
         count = entity.deliver_count + (1 if self.dispatched else 0)
         succ = tuple(sorted(self.succ))
         failed = tuple(sorted(self.failed))
         if entity.is_expired(now):
-            return Outcome(Verdict.DEAD, succ, failed, count, "expired")
+            return Outcome(Verdict.DEAD, succ, failed, count, DeadReason.EXPIRED)
         if self.targets <= self.succ:
             return Outcome(Verdict.FINISH, succ, (), count)
         if failed:
             if count >= entity.deliver_limit:
-                return Outcome(Verdict.DEAD, succ, failed, count, "deliver-limit")
+                return Outcome(Verdict.DEAD, succ, failed, count, DeadReason.DELIVER_LIMIT)
             return Outcome(Verdict.RETRY, succ, failed, count)
         # Not sent anywhere but still leased (a fresh message whose lanes were full or whose
         # groups were offline): due again now, so the recover loop offers it when they free up.

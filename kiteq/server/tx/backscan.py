@@ -21,6 +21,7 @@ import trio
 
 from kiteq.config import TxConfig
 from kiteq.server.clock import WallClock
+from kiteq.server.dead_reasons import DeadReason
 from kiteq.server.events import Events
 from kiteq.server.groups import GroupTable
 from kiteq.server.ratelimit import TokenBucket
@@ -85,9 +86,12 @@ class TxBackscan:
     async def _check(self, entity: MessageEntity) -> bool:
         group = entity.producer_group
         if entity.deliver_count >= self.config.tx_check_max:
-            if await self.store.dead_letter(entity.message_id, "tx-unresolved"):
+            if await self.store.dead_letter(entity.message_id, DeadReason.TX_UNRESOLVED):
                 self.events.emit(
-                    LogEvent.DEAD_LETTERED, entity, reason="tx-unresolved", attempt=entity.deliver_count
+                    LogEvent.DEAD_LETTERED,
+                    entity,
+                    reason=DeadReason.TX_UNRESOLVED,
+                    attempt=entity.deliver_count,
                 )
             return False
         if self.inflight[group] >= self.config.tx_check_inflight:

@@ -14,6 +14,7 @@ from kiteq.server.delivery.dispatcher import Dispatcher
 from kiteq.server.events import Events
 from protocol import TxStatus
 from protocol.logevents import LogEvent
+from protocol.schedule import deliver_at_of
 from stores import MessageStore
 from stores.entity import MessageEntity
 
@@ -29,7 +30,10 @@ async def apply_decision(
     """
     message_id = entity.message_id
     if status is TxStatus.COMMIT:
-        if not await store.commit(message_id):
+        # kiteq.deliverAt is absolute: committed before it, the message waits for it; after, it goes now.
+        asked = deliver_at_of(entity.properties) or 0.0
+        due_at = asked if asked > dispatcher.clock() else 0.0
+        if not await store.commit(message_id, due_at):
             log.warning(
                 "tx.conflict",
                 message_id=message_id,
@@ -42,7 +46,10 @@ async def apply_decision(
             return True
         if not entity.commit:
             events.emit(LogEvent.COMMITTED, committed, groups=dispatcher.target_groups(committed))
-        dispatcher.submit(committed)
+        if committed.next_deliver_at > dispatcher.clock():
+            dispatcher.on_retry(committed.next_deliver_at)
+        else:
+            dispatcher.submit(committed)
         return True
     if status is TxStatus.ROLLBACK:
         if await store.rollback(message_id):

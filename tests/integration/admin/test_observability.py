@@ -237,8 +237,11 @@ async def test_top_prints_a_row_per_group_with_rates(tmp_path: Path) -> None:
             "QUEUED",
             "BACKLOG",
         ]
-        rows = {line.split()[0]: line.split() for line in lines[3:] if line.strip()}
+        groups_table, bindings_table = frame.split("\n\n")[1:3]
+        rows = {line.split()[0]: line.split() for line in groups_table.splitlines()[1:]}
         assert set(rows) == {"g1", "g2", "p"}
+        bound = [line.split()[:3] for line in bindings_table.splitlines()[1:]]
+        assert bound == [["g1", "t", "x"], ["g2", "t", "x"]], frame
         for group in ("g1", "g2"):
             assert rows[group][1] == "1" and float(rows[group][3]) > 5, frame  # ~1 message per 10 ms
     assert scripted.returncode == 0, scripted.stderr

@@ -39,6 +39,7 @@ SAMPLES = {
     Cmd.MESSAGE_STORE_ACK: pb.MessageStoreAck(messageId="m", status=False, feedback="why"),
     Cmd.DELIVER_ACK: pb.DeliverAck(messageId="m", topic="t", messageType="mt", groupId="g", status=True),
     Cmd.TX_ACK: pb.TxACKPacket(header=header(), status=1, feedback="commit"),
+    Cmd.CANCEL: pb.TxACKPacket(header=header(), status=2, feedback="cancel"),
     Cmd.BYTES_MESSAGE: pb.BytesMessage(header=header(), body=b"\x00\xffbody"),
     Cmd.STRING_MESSAGE: pb.StringMessage(header=header(), body="héllo"),
 }
