@@ -31,6 +31,8 @@ def setting(default: T, doc: str, **metadata: object) -> T:
 
 @dataclass
 class ServerConfig:
+    """Where the broker listens and keeps its state, connection limits, logging."""
+
     bind: str = setting("127.0.0.1:13800", "host:port the broker serves clients on.")
     admin_bind: str = setting("127.0.0.1:13801", "host:port of the admin HTTP endpoint; empty disables it.")
     store: str = setting(
@@ -43,7 +45,9 @@ class ServerConfig:
     )
     delivery_log: str = setting("", "Path of the JSON-lines delivery log (for kiteq-reconcile); empty = off.")
     delivery_log_max_bytes: int = setting(
-        64 * 1024 * 1024, "Size at which the delivery log rotates to PATH.1."
+        64 * 1024 * 1024,
+        "Size at which the delivery log rotates: PATH becomes PATH.1, older files shift up to "
+        "PATH.5 and the oldest is deleted (at most 6 files).",
     )
     max_frame_bytes: int = setting(2 * 1024 * 1024, "Largest frame the broker reads, in bytes.")
     topics: list[str] = field(
@@ -75,6 +79,9 @@ class ServerConfig:
     )
     log_format: str = setting("console", "Log lines for people or for machines.", choices=("console", "json"))
     admin_token: str = setting("", "Bearer token the admin endpoint's mutating routes require.", secret=True)
+    history_interval: float = setting(
+        5.0, "Seconds between the samples of /stats/history (the dashboard's charts keep one hour)."
+    )
     adopt_after: float = setting(
         60.0, "Shared (mysql) store: seconds before taking over a broker gone from the registry."
     )
@@ -89,6 +96,8 @@ class Jitter(enum.StrEnum):
 
 @dataclass
 class DeliveryConfig:
+    """Pushing messages to consumer groups: timeouts, retry backoff, the store scan, lanes."""
+
     deliver_timeout: float = setting(5.0, "Seconds a consumer has to answer a delivery before it is retried.")
     retry_base: float = setting(
         1.0, "Backoff of the n-th retry: uniform(0, min(retry_max, retry_base * 2^(n-1))) s."
@@ -102,10 +111,16 @@ class DeliveryConfig:
     recover_interval: float = setting(1.0, "Seconds between looks in the store for messages due again.")
     recover_page: int = setting(500, "Messages read from the store per page of such a look.")
     lane_capacity: int = setting(4096, "Deliveries queued per (topic, group) lane.")
+    max_delay: float = setting(
+        2 * 365 * 24 * 3600.0,
+        "Furthest ahead, in seconds, a message may ask to be delivered (property kiteq.deliverAt).",
+    )
 
 
 @dataclass
 class TxConfig:
+    """Two-phase commit: when and how often producers are asked about open transactions."""
+
     tx_scan_interval: float = setting(5.0, "Seconds between scans for uncommitted transactional messages.")
     tx_check_after: float = setting(
         10.0, "Age in seconds at which an uncommitted message's producer group is asked to decide it."
@@ -161,8 +176,12 @@ class BrokerConfig:
             _check_address("[server] admin_bind", self.server.admin_bind)
         if self.delivery.retry_base <= 0 or self.delivery.retry_max < self.delivery.retry_base:
             raise ConfigError("[delivery] retry_base/retry_max: need 0 < retry_base <= retry_max")
+        if self.server.history_interval <= 0:
+            raise ConfigError("[server] history_interval: must be positive")
         if self.delivery.deliver_timeout <= 0:
             raise ConfigError("[delivery] deliver_timeout: must be positive")
+        if self.delivery.max_delay < 0:
+            raise ConfigError("[delivery] max_delay: must be 0 (no delayed messages) or more seconds")
         if self.server.max_frame_bytes < 1024:
             raise ConfigError("[server] max_frame_bytes: must be at least 1024")
         if self.tx.tx_check_max < 1 or self.tx.tx_check_inflight < 1 or self.tx.tx_check_rate <= 0:

@@ -9,6 +9,7 @@ import json
 import signal
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, get_origin
 import structlog
 import trio
 
+from kiteq.cli.console import add_version, closed_pipe_is_quiet
 from kiteq.config import BrokerConfig, load_config, table_keys
 from kiteq.errors import KiteQError, leaf_error
 from kiteq.gc_tuning import tune_gc
@@ -66,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config", type=Path, metavar="FILE", help="TOML file (see README); flags override it"
     )
+    add_version(parser)
     defaults = BrokerConfig()
     for section, flags in groupby(config_flags(), key=itemgetter(1)):
         group = parser.add_argument_group(f"[{section}]")
@@ -87,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_argv(argv: list[str] | None) -> BrokerConfig:
+def config_from_argv(argv: Sequence[str] | None) -> BrokerConfig:
     """Defaults, then the --config file, then the flags given; ConfigError names a bad key."""
     args = build_parser().parse_args(argv)
     overrides: dict[str, dict[str, Any]] = defaultdict(dict)
@@ -113,7 +116,9 @@ async def _stop_on_signal(broker: Broker) -> None:
             return
 
 
-def main(argv: list[str] | None = None) -> int:
+@closed_pipe_is_quiet
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a broker until SIGTERM or SIGINT; 2 and one line on stderr if it cannot start."""
     try:
         config = config_from_argv(argv)
         configure_logging(config.server.log_level, config.server.log_format)
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         trio.run(serve, Broker(config))
     except (KiteQError, OSError, BaseExceptionGroup) as exc:
         error = leaf_error(exc, (KiteQError, OSError))
-        if error is None:
+        if error is None or isinstance(error, BrokenPipeError):
             raise
         print(f"kiteq-server: {error}", file=sys.stderr)
         return 2

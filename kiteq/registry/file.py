@@ -1,16 +1,18 @@
 """`file:///path/registry.json` — the registry for one machine, in one JSON file.
 
-The same data as the ZooKeeper tree, shaped like it:
+The same data as the ZooKeeper tree, shaped like it (`file_tree` has the layout and
+the rules). Several processes share the file: every change is a read-modify-write
+under an exclusive `flock` on `<path>.lock`, written to a temporary file and renamed
+into place, so readers never see half a file. Watchers poll (`?poll=`, default every
+0.5 s). Brokers and producers stand in for ZooKeeper's ephemeral nodes with
+heartbeats: each process rewrites its own every `ttl / 3` seconds (`?ttl=`, default
+30 s) and withdraws its entries when it closes; readers ignore, and writers prune,
+whatever stopped heartbeating for a TTL, so a process killed with SIGKILL drops out
+of `servers` and `producers` within `ttl` seconds.
 
-    {"servers":   {topic: [address, ...]},
-     "producers": {topic: {group: [address, ...]}},
-     "bindings":  {topic: {group: [binding JSON, ...]}}}
-
-Several processes share the file: every change is a read-modify-write under an
-exclusive `flock` on `<path>.lock`, written to a temporary file and renamed into
-place, so readers never see half a file. Watchers poll (default every 0.5 s); there
-are no ephemeral nodes, so a broker that crashed stays listed until it restarts or
-is removed, and clients simply fail to connect to it and retry.
+A registry made with `create=False` (what `kiteq-admin` does unless `--create`)
+refuses a file that does not exist instead of starting an empty one: a misspelt path
+is an error, not an empty registry.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -29,62 +33,135 @@ import trio
 from kiteq.errors import RegistryError
 from kiteq.registry.base import BindingsCallback, Registry, ServersCallback
 from kiteq.registry.bindings import Binding, BindingError, merge_binding
+from kiteq.registry.file_tree import (
+    Tree,
+    beat,
+    empty_tree,
+    forget,
+    prune,
+    put_producer,
+    put_server,
+    withdraw_producer,
+)
 from stores.uri import split_file_uri
-
-Tree = dict[str, Any]
-
-
-def _empty_tree() -> Tree:
-    return {"servers": {}, "producers": {}, "bindings": {}}
-
 
 log = structlog.get_logger(__name__)
 
 CLOSE_TIMEOUT = 5.0
-# Producer addresses kept per topic and group, newest first dropped last: a file has no
-# sessions to expire them with, and producers killed without closing never withdraw.
-MAX_PRODUCERS = 64
+
+
+class RegistryMissing(RegistryError):
+    """The registry file to read does not exist (and the registry may not create it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileRegistryOptions:
+    """What a file registry URI's query sets: `file:///path/registry.json?poll=0.5&ttl=30`."""
+
+    poll: float = 0.5  # seconds between a watcher's reads of the file
+    # Seconds a broker or producer stays listed after its last heartbeat: long enough
+    # that a busy machine (or a paused debugger) does not drop live processes, short
+    # enough that `kiteq-admin producers` forgets killed ones within half a minute.
+    ttl: float = 30.0
+
+    @property
+    def refresh(self) -> float:
+        """Seconds between heartbeats: three per TTL, so one late write expires nobody."""
+        return self.ttl / 3
+
+    @classmethod
+    def from_query(cls, query: dict[str, str]) -> FileRegistryOptions:
+        known = {field.name for field in fields(cls)}
+        unknown = sorted(set(query) - known)
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        values: dict[str, float] = {}
+        for name, text in query.items():
+            try:
+                values[name] = float(text)
+            except ValueError:
+                raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+            if not values[name] > 0:
+                raise ValueError(f"{name}={text!r} must be positive")
+        return cls(**values)
 
 
 class FileRegistry(Registry):
-    def __init__(self, path: Path, poll_interval: float = 0.5, uri: str = "") -> None:
+    """The registry in one JSON file; `clock` (unix seconds) dates heartbeats and judges them."""
+
+    def __init__(
+        self,
+        path: Path,
+        options: FileRegistryOptions | None = None,
+        uri: str = "",
+        *,
+        create: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.path = path
-        self.poll_interval = poll_interval
+        self.options = options or FileRegistryOptions()
         self.uri = uri or f"file://{path}"
+        self.create = create  # may be changed before `start`
+        self.clock = clock
         self._lock_path = path.with_name(path.name + ".lock")
-        self._producers: list[tuple[str, str, tuple[str, ...]]] = []  # what this process registered
+        # What this process registered, re-written with every heartbeat and withdrawn on close.
+        self._servers: dict[str, tuple[str, ...]] = {}
+        self._producers: list[tuple[str, str, tuple[str, ...]]] = []
+        self._writing = trio.Lock()
+        self._tasks: contextlib.AsyncExitStack | None = None
 
     @classmethod
     def from_uri(cls, uri: str) -> FileRegistry:
         try:
-            path, options = split_file_uri(uri)
-            poll = float(options.get("poll", "0.5"))
+            path, query = split_file_uri(uri)
+            options = FileRegistryOptions.from_query(query)
         except ValueError as exc:
-            raise RegistryError(f"bad file registry URI: {exc}") from None
-        return cls(path, poll, uri)
+            raise RegistryError(f"bad file registry URI {uri!r}: {exc}") from None
+        return cls(path, options, uri)
+
+    @property
+    def poll_interval(self) -> float:
+        return self.options.poll
 
     @property
     def connected(self) -> bool:
         return True
 
     async def start(self) -> None:
+        """Open (or with `create`, make) the file, then heartbeat in a nursery of our own until `close`."""
         try:
-            await trio.to_thread.run_sync(self._update, lambda tree: None)
+            if self.create:
+                await self._apply(lambda tree: None)
+            elif not await trio.to_thread.run_sync(self.path.is_file):
+                raise RegistryMissing(
+                    f"registry file {self.path} does not exist: check the path (a typo?), or create it"
+                )
+            else:
+                await self._snapshot()  # a broken file is an error now, not at the first read
         except OSError as exc:
             raise RegistryError(f"cannot open registry file {self.path}: {exc}") from None
+        tasks = contextlib.AsyncExitStack()
+        nursery = await tasks.enter_async_context(trio.open_nursery())
+        nursery.start_soon(self._keep_alive)
+        tasks.callback(nursery.cancel_scope.cancel)  # runs before the nursery waits for its task
+        self._tasks = tasks
 
     async def close(self) -> None:
-        """Withdraw the producers this process registered (what ephemeral nodes do in ZooKeeper)."""
-        registered, self._producers = self._producers, []
-        if not registered:
+        """Stop heartbeating and withdraw what this process registered (as ephemeral nodes go)."""
+        if self._tasks is not None:
+            tasks, self._tasks = self._tasks, None
+            await tasks.aclose()
+        servers, self._servers = self._servers, {}
+        producers, self._producers = self._producers, []
+        if not servers and not producers:
             return
 
         def change(tree: Tree) -> None:
-            for address, group, topics in registered:
-                for topic in topics:
-                    addresses = tree["producers"].get(topic, {}).get(group, [])
-                    if address in addresses:
-                        addresses.remove(address)
+            for address in servers:
+                put_server(tree, address, ())
+            for address, group, topics in producers:
+                withdraw_producer(tree, address, group, topics)
+            forget(tree, [*servers, *(address for address, _, _ in producers)])
 
         with trio.move_on_after(CLOSE_TIMEOUT):
             try:
@@ -92,11 +169,35 @@ class FileRegistry(Registry):
             except OSError as exc:
                 log.warning("registry.withdraw_failed", path=str(self.path), error=str(exc))
 
+    async def _keep_alive(self) -> None:
+        """Every `refresh` seconds, re-write this process's entries with a fresh heartbeat.
+
+        Re-writing, not only beating, puts back entries that expired while this
+        process could not write (a stopped machine, a full disk) once it can again.
+        """
+        while True:
+            await trio.sleep(self.options.refresh)
+            if not self._servers and not self._producers:
+                continue
+            try:
+                await self._apply(self._reregister)
+            except (OSError, RegistryError) as exc:
+                log.warning("registry.heartbeat_failed", path=str(self.path), error=str(exc))
+
+    def _reregister(self, tree: Tree) -> None:
+        # Runs in a worker thread while `_writing` is held: registrations cannot change meanwhile.
+        for address, topics in self._servers.items():
+            put_server(tree, address, topics)
+        for address, group, topics in self._producers:
+            put_producer(tree, address, group, topics)
+        beat(tree, [*self._servers, *(address for address, _, _ in self._producers)], self.clock())
+
     # -- file access (run in a worker thread) -------------------------------------
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self._lock_path, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -105,12 +206,13 @@ class FileRegistry(Registry):
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _read(self) -> Tree:
+        """The file as written, expired entries included; `{}` sections where it has none."""
         try:
             raw = self.path.read_text()
         except FileNotFoundError:
-            return _empty_tree()
+            return empty_tree()
         if not raw.strip():
-            return _empty_tree()
+            return empty_tree()
         try:
             tree = json.loads(raw)
         except ValueError as exc:
@@ -119,7 +221,7 @@ class FileRegistry(Registry):
             ) from None
         if not isinstance(tree, dict):
             raise RegistryError(f"registry file {self.path} must hold a JSON object; fix or remove it")
-        base = _empty_tree()
+        base = empty_tree()
         base.update(tree)
         return base
 
@@ -127,34 +229,38 @@ class FileRegistry(Registry):
         with self._locked():
             tree = self._read()
             result = change(tree)
+            prune(tree, self.clock(), self.options.ttl)
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
             tmp.write_text(json.dumps(tree, indent=2, sort_keys=True))
             os.replace(tmp, self.path)
             return result
 
     async def _apply(self, change: Callable[[Tree], object]) -> object:
-        return await trio.to_thread.run_sync(self._update, change)
+        async with self._writing:
+            return await trio.to_thread.run_sync(self._update, change)
 
     async def _snapshot(self) -> Tree:
-        return await trio.to_thread.run_sync(self._read)
+        """The live view: what the file holds, less the entries whose heartbeat expired."""
+        tree = await trio.to_thread.run_sync(self._read)
+        return prune(tree, self.clock(), self.options.ttl)
 
     # -- servers and producers ----------------------------------------------------
 
     async def register_server(self, address: str, topics: Iterable[str]) -> None:
-        wanted = set(topics)
+        wanted = tuple(topics)
 
         def change(tree: Tree) -> None:
-            servers: dict[str, list[str]] = tree["servers"]
-            for topic in set(servers) | wanted:
-                addresses = [a for a in servers.get(topic, []) if a != address]
-                if topic in wanted:
-                    addresses.append(address)
-                if addresses:
-                    servers[topic] = sorted(addresses)
-                else:
-                    servers.pop(topic, None)
+            put_server(tree, address, wanted)
+            if wanted:
+                beat(tree, [address], self.clock())
+            else:
+                forget(tree, [address])
 
         await self._apply(change)
+        if wanted:
+            self._servers[address] = wanted
+        else:
+            self._servers.pop(address, None)
 
     async def unregister_server(self, address: str) -> None:
         await self.register_server(address, ())
@@ -167,11 +273,8 @@ class FileRegistry(Registry):
         wanted = tuple(topics)
 
         def change(tree: Tree) -> None:
-            for topic in wanted:
-                addresses = tree["producers"].setdefault(topic, {}).setdefault(group, [])
-                if address not in addresses:
-                    addresses.append(address)
-                    del addresses[:-MAX_PRODUCERS]
+            put_producer(tree, address, group, wanted)
+            beat(tree, [address], self.clock())
 
         await self._apply(change)
         self._producers.append((address, group, wanted))

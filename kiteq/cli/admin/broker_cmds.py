@@ -12,15 +12,28 @@ from typing import Any
 
 import httpx
 
-from kiteq.cli.admin.output import emit, format_table, say
+from kiteq.cli.admin.output import emit, format_cell, format_table, say
 from kiteq.errors import KiteQError
+from kiteq.server.dead_reasons import DeadReason
 from kiteq.tls import client_context
 
 TIMEOUT = 10.0
 # Home the cursor and clear the screen: a full redraw per frame, no curses needed.
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 FAILED_EVENTS = ("nacked", "timeout")
+EXIT_NOTHING_MATCHED = 1
 TOP_COLUMNS = ["group", "conns", "delivered/s", "acked/s", "failed/s", "inflight", "queued", "backlog"]
+BINDING_COLUMNS = [
+    "group",
+    "topic",
+    "message_type",
+    "online",
+    "persistent",
+    "inflight",
+    "queued",
+    "backlog",
+    "oldest",
+]
 
 
 class AdminError(KiteQError):
@@ -30,7 +43,7 @@ class AdminError(KiteQError):
 def call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
     """One request to the admin endpoint; a KiteQError with the broker's reason on failure."""
     headers = {}
-    token = getattr(args, "token", None) or os.environ.get("KITEQ_ADMIN_TOKEN", "")
+    token = args.token or os.environ.get("KITEQ_ADMIN_TOKEN", "")
     if token:
         headers["Authorization"] = f"Bearer {token}"
     url = args.admin.rstrip("/") + path
@@ -71,7 +84,17 @@ def stats(args: argparse.Namespace) -> None:
         {"what": "stored messages", "value": store["messages"]},
         {"what": "uncommitted", "value": store["uncommitted"]},
         {"what": "dead letters", "value": _with_parts(dead["total"], dead["by_reason"])},
+        {
+            "what": "scheduled",
+            "value": _with_parts(data["scheduled"]["total"], data["scheduled"]["by_topic"]),
+        },
     ]
+    rows += [
+        {"what": f"scheduled for {hour['hour']}", "value": hour["count"]}
+        for hour in data["scheduled"]["by_hour"]
+    ]
+    if data["scheduled"]["later"]:
+        rows.append({"what": "scheduled later", "value": data["scheduled"]["later"]})
     rows += [
         {
             "what": f"group {group}",
@@ -79,6 +102,14 @@ def stats(args: argparse.Namespace) -> None:
             f"backlog {row['backlog']} acked {row['events'].get('acked', 0)}",
         }
         for group, row in data["groups"].items()
+    ]
+    rows += [
+        {
+            "what": f"binding {row['group']}/{row['topic']}/{row['message_type']}",
+            "value": f"online {format_cell(row['online'])} backlog {row['backlog']} inflight {row['inflight']} "
+            f"queued {row['queued']} oldest {row['oldest']}",
+        }
+        for row in binding_rows(data)
     ]
     rows += [
         {
@@ -94,6 +125,27 @@ def _duration(seconds: float) -> str:
     whole = int(seconds)
     hours, minutes = whole // 3600, whole % 3600 // 60
     return f"{hours}h {minutes}m" if hours else f"{minutes}m {whole % 60}s" if minutes else f"{whole}s"
+
+
+def binding_rows(current: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per group and binding: what it still waits for (a group that went away included)."""
+    return [
+        {
+            "group": group,
+            "topic": binding["topic"],
+            "message_type": binding["message_type"],
+            "online": row["online"],
+            "persistent": binding["persistent"],
+            "inflight": binding["inflight"],
+            "queued": binding["queued"],
+            "backlog": binding["backlog"],
+            "oldest": "-"
+            if binding["oldest_waiting_age"] is None
+            else _duration(binding["oldest_waiting_age"]),
+        }
+        for group, row in current["groups"].items()
+        for binding in row.get("bindings", ())
+    ]
 
 
 def _with_parts(total: int, parts: dict[str, int]) -> str:
@@ -142,8 +194,9 @@ def _top_frame(previous: dict[str, Any], current: dict[str, Any]) -> str:
             f"dead {current['dead_letters']['total']}",
         )
     )
-    rows = top_rows(previous, current)
-    return header + "\n\n" + (format_table(rows, TOP_COLUMNS) if rows else "no groups connected or bound")
+    rows, bindings = top_rows(previous, current), binding_rows(current)
+    table = format_table(rows, TOP_COLUMNS) if rows else "no groups connected or bound"
+    return header + "\n\n" + table + ("\n\n" + format_table(bindings, BINDING_COLUMNS) if bindings else "")
 
 
 def top(args: argparse.Namespace) -> None:
@@ -157,7 +210,14 @@ def top(args: argparse.Namespace) -> None:
         current = call(args, "GET", "/stats")
         if args.json:
             print(
-                json.dumps({"address": current["address"], "groups": top_rows(previous, current)}), flush=True
+                json.dumps(
+                    {
+                        "address": current["address"],
+                        "groups": top_rows(previous, current),
+                        "bindings": binding_rows(current),
+                    }
+                ),
+                flush=True,
             )
         else:
             print((CLEAR_SCREEN if redraw else "") + _top_frame(previous, current) + "\n", flush=True)
@@ -170,18 +230,31 @@ def _selection(args: argparse.Namespace) -> dict[str, str]:
     return {key: value for key, value in chosen.items() if value}
 
 
+def _described(selection: dict[str, str]) -> str:
+    """`--id deadbeef --reason expired`: the filters as given, for messages about them."""
+    flags = {"message_id": "id"}
+    return " ".join(f"--{flags.get(key, key)} {value}" for key, value in selection.items())
+
+
 def dlq_list(args: argparse.Namespace) -> None:
-    params = {**_selection(args), "limit": str(args.limit)}
-    rows = call(args, "GET", "/dlq", params=params)
+    selection = _selection(args)
+    rows = call(args, "GET", "/dlq", params={**selection, "limit": str(args.limit)})
     emit(
         args,
         rows,
         columns=["message_id", "topic", "message_type", "reason", "deliver_count", "fail_groups"],
-        empty="the dead-letter queue is empty",
+        empty=f"no dead letter matches {_described(selection)}"
+        if selection
+        else "the dead-letter queue is empty",
     )
 
 
-def _mutate(args: argparse.Namespace, action: str) -> None:
+def _mutate(args: argparse.Namespace, action: str) -> int | None:
+    """Redrive or purge; EXIT_NOTHING_MATCHED when filters were given and matched no dead letter.
+
+    A filter that matches nothing is most likely a typo (a wrong id, topic or group);
+    `--all` alone on an empty queue is not a mistake, and exits 0.
+    """
     selection = _selection(args)
     if not selection and not args.all:
         raise AdminError(
@@ -191,6 +264,14 @@ def _mutate(args: argparse.Namespace, action: str) -> None:
     result = call(args, "POST", f"/dlq/{action}", json=body)
     count = result.get("redriven", result.get("purged", 0))
     say(args, f"{action}: {count} message(s)", result)
+    if count or not selection:
+        return None
+    print(
+        f"{action}: no dead letter matches {_described(selection)}; nothing changed "
+        "(see `kiteq-admin dlq list`)",
+        file=sys.stderr,
+    )
+    return EXIT_NOTHING_MATCHED
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -214,8 +295,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action.add_argument("--id", help="one message id")
         action.add_argument("--topic")
         action.add_argument("--group", help="a consumer group that failed it, or the producer group")
-        action.add_argument("--reason", help="expired, deliver-limit, tx-unresolved, no-binding")
-        action.add_argument("--token", help="admin token (or env KITEQ_ADMIN_TOKEN)")
+        action.add_argument("--reason", choices=[str(reason) for reason in DeadReason])
         if name == "list":
             action.add_argument("--limit", type=int, default=100)
         else:

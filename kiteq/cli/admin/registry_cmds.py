@@ -1,33 +1,70 @@
 """Registry commands: `bindings list|add|remove`, `servers`, `producers`, `groups`.
 
 They work on any registry URI (zk:// or file://) through `open_registry`, so what
-they show is what brokers and clients see.
+they show is what brokers and clients see. A registry file that does not exist is an
+error (a misspelt path would otherwise read as an empty registry); only
+`bindings add --create` makes one. Every binding change is logged as an `audit.*`
+event on stderr — what changed, how many, and who changed it from where — whatever
+--log-level says.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
+import logging
+import os
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
+
+import structlog
 
 from kiteq.cli.admin.output import emit, say
 from kiteq.errors import RegistryError
 from kiteq.registry import Binding, Registry, open_registry
 from kiteq.registry.bindings import DEFAULT_WATERMARK
+from kiteq.registry.file import FileRegistry, RegistryMissing
 from kiteq.registry.zk import ZooKeeperRegistry
 
 # A person at a shell wants "unreachable" quickly, not after a broker's 10 s.
 CLI_CONNECT_TIMEOUT = 5.0
 
 
+# Audit events are written at info whatever --log-level filters out: a change to what
+# brokers deliver must leave a trace. Same processors, so the CLI's log format.
+audit_log = structlog.wrap_logger(None, wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+
+
 @contextlib.asynccontextmanager
-async def connect(args: argparse.Namespace) -> AsyncIterator[Registry]:
+async def connect(args: argparse.Namespace, *, create: bool = False) -> AsyncIterator[Registry]:
+    """The registry of --registry, started; a file registry is made only when `create`."""
     registry = open_registry(args.registry)
     if isinstance(registry, ZooKeeperRegistry) and "connect_timeout=" not in args.registry:
         registry.connect_timeout = CLI_CONNECT_TIMEOUT
-    async with registry:
+    if isinstance(registry, FileRegistry):
+        registry.create = create
+    try:
+        await registry.start()
+    except RegistryMissing as exc:
+        raise RegistryMissing(f"{exc} with `kiteq-admin bindings add --create ...`") from None
+    try:
         yield registry
+    finally:
+        await registry.close()
+
+
+def audit(event: str, registry: Registry, count: int, **what: Any) -> None:
+    """Log a change made through this CLI: what, how many, and from where (host, user, registry)."""
+    audit_log.info(event, **what, count=count, host=socket.gethostname(), user=_user(), registry=registry.uri)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name in the environment and no passwd entry (a bare container)
+        return f"uid {os.getuid()}"
 
 
 def describe(binding: Binding) -> str:
@@ -61,14 +98,24 @@ async def bindings_add(args: argparse.Namespace) -> None:
         binding = Binding.regex(args.topic, args.regex, **options)
     else:
         binding = Binding.fanout(args.topic, **options)
-    async with connect(args) as registry:
+    async with connect(args, create=args.create) as registry:
         await registry.add_binding(binding)
+        audit("audit.binding_added", registry, 1, **binding_row(binding))
     say(args, f"bound group {binding.group} to topic {binding.topic}: {describe(binding)}", binding.to_json())
 
 
 async def bindings_remove(args: argparse.Namespace) -> None:
     async with connect(args) as registry:
         removed = await registry.remove_binding(args.group, args.topic, args.type)
+        if removed:
+            audit(
+                "audit.binding_removed",
+                registry,
+                removed,
+                group=args.group,
+                topic=args.topic,
+                message_type=args.type,
+            )
     what = f"messageType {args.type!r}" if args.type is not None else "any messageType"
     if not removed:
         raise RegistryError(
@@ -157,6 +204,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action=argparse.BooleanOptionalAction,
         default=True,
         help="keep messages while no consumer of the group is online (default: yes)",
+    )
+    add.add_argument(
+        "--create",
+        action="store_true",
+        help="make the registry file (and its directories) if it does not exist; otherwise that is an error",
     )
     add.set_defaults(func=bindings_add)
 

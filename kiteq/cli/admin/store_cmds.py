@@ -49,12 +49,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     ):
         command = commands.add_parser(name, help=summary, description=summary)
         command.add_argument("--store", required=True, metavar="URI", help="the store URI")
-        command.add_argument(
-            "--json",
-            action="store_true",
-            default=argparse.SUPPRESS,
-            help="print JSON for scripts instead of tables",
-        )
         command.set_defaults(func=func)
     dump = commands.choices["dump"]
     dump.add_argument("--bodies", action="store_true", help="include bodies (base64 in JSON)")

@@ -62,3 +62,25 @@ def test_missing_command_modules_are_skipped_but_broken_ones_are_not(
             admin.build_parser()
     finally:
         sys.modules.pop("kiteq.cli.admin.broken_cmds", None)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--json", "--token", "t", "--registry", "zk://h:1", "dlq", "list"],
+        ["dlq", "--json", "--token", "t", "list", "--registry", "zk://h:1"],
+        ["dlq", "list", "--json", "--token", "t", "--registry", "zk://h:1"],
+        ["--registry", "file://x", "--json", "dlq", "list", "--token", "t", "--registry", "zk://h:1"],
+    ],
+)
+def test_global_options_parse_at_every_level_the_last_one_winning(argv: list[str]) -> None:
+    args = admin.build_parser().parse_args(argv)
+    assert (args.json, args.token, args.registry) == (True, "t", "zk://h:1")
+    assert (args.admin, args.tls_ca, args.log_level) == (admin.DEFAULT_ADMIN, None, "error"), "defaults stay"
+
+
+def test_version_and_reasons(capsys: pytest.CaptureFixture[str]) -> None:
+    assert admin.main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("kiteq-admin ")
+    assert admin.main(["dlq", "purge", "--reason", "expird"]) == 2
+    assert "choose from 'expired', 'deliver-limit', 'no-binding', 'tx-unresolved'" in capsys.readouterr().err
