@@ -40,11 +40,15 @@ _FIELDS = (
 )
 _CORRUPT = "_corrupt_line"
 _LINE_SCHEMA = T.StructType(
-    [T.StructField(name, T.StringType()) for name in (*_FIELDS, "commit", "groups", _CORRUPT)]
+    [T.StructField(name, T.StringType()) for name in (*_FIELDS, "commit", "groups", "deliver_at", _CORRUPT)]
 )
 _GROUPS_SCHEMA = T.ArrayType(T.StringType())
+# Events whose `groups` field carries the routing (the consumer groups the message goes to).
+ROUTING_EVENTS = ("stored", "committed", "scheduled")
+# `deliver_at` is Unix milliseconds; beyond year 9999 it is no time Spark can hold.
+_MAX_DELIVER_AT_MS = 253_402_300_799_999
 
-EVENT_COLUMNS = (*_FIELDS, "commit", "groups")
+EVENT_COLUMNS = (*_FIELDS, "commit", "groups", "deliver_at")
 
 
 class LineCounts:
@@ -90,9 +94,10 @@ def parse_lines(lines: DataFrame) -> tuple[DataFrame, LineCounts]:
         F.col("j.ts").try_cast(T.TimestampType()).alias("ts"),
         F.col("j.ts").alias("raw_ts"),
         F.lower(F.col("j.commit")).eqNullSafe("true").alias("commit"),
-        F.when(F.col("j.event").isin("stored", "committed"), F.from_json("j.groups", _GROUPS_SCHEMA)).alias(
+        F.when(F.col("j.event").isin(*ROUTING_EVENTS), F.from_json("j.groups", _GROUPS_SCHEMA)).alias(
             "groups"
         ),
+        F.when(F.col("j.event") == "scheduled", _deliver_at(F.col("j.deliver_at"))).alias("deliver_at"),
         (F.trim(F.col("value")) == "").alias("blank"),
         (F.col("j").isNull() | F.col(f"j.{_CORRUPT}").isNotNull()).alias("not_json"),
     )
@@ -106,6 +111,7 @@ def _problem() -> Column:
     """The first reason a parsed line is not an event, or null for a good one."""
     missing = F.col("event").isNull() | F.col("message_id").isNull() | F.col("raw_ts").isNull()
     missing = missing | (F.col("event").isin(*GROUP_EVENTS) & F.col("group").isNull())
+    missing = missing | ((F.col("event") == "scheduled") & F.col("deliver_at").isNull())
     return (
         F.when(F.col("blank"), F.lit("blank"))
         .when(F.col("not_json"), F.lit("not_json"))
@@ -113,3 +119,9 @@ def _problem() -> Column:
         .when(F.col("ts").isNull(), F.lit("bad_ts"))
         .when(~F.col("event").isin(*KNOWN_EVENTS), F.lit("unknown_event"))
     )
+
+
+def _deliver_at(millis: Column) -> Column:
+    """A `scheduled` event's `deliver_at` (Unix ms, as a number or a string of one) as a time; null if unreadable."""
+    ms = millis.try_cast(T.LongType())
+    return F.when(ms.between(0, _MAX_DELIVER_AT_MS), F.timestamp_millis(ms))

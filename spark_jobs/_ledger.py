@@ -1,9 +1,10 @@
 """The ledger: one row per (message, consumer group) with what the logs say happened to it.
 
-A message belongs to the groups it was routed to (`groups` of its `stored` / `committed`
-events) and to every group some event names (`delivered`, `acked`, …, even one it was not
-routed to). A message that belongs to no group (never committed, rolled back, routed
-nowhere) gets one row with a null group, so its message-level facts are still counted.
+A message belongs to the groups it was routed to (`groups` of its `stored` / `committed` /
+`scheduled` events, and every group it was `delivered` to: a delivery proves the routing)
+and to every group some event names (`acked`, `dropped`, …). A message that belongs to no
+group (never committed, rolled back, routed nowhere) gets one row with a null group, so its
+message-level facts are still counted.
 
 Everything is computed from the events' timestamps, never from the order of lines, so
 out-of-order lines, several brokers and interleaved files all give the same answer.
@@ -30,6 +31,8 @@ SUMMARY_COLUMNS = (
     "stored",
     "committed",
     "rolled_back",
+    "scheduled",
+    "cancelled",
     "delivered",
     "deliveries",
     "acked",
@@ -40,6 +43,7 @@ SUMMARY_COLUMNS = (
     "pending",
     "lost",
     "delivered_after_rollback",
+    "delivered_after_cancel",
     "latency_p50_ms",
     "latency_p95_ms",
     "latency_p99_ms",
@@ -53,6 +57,8 @@ DETAIL_COLUMNS = (
     "sent_at",
     "committed_at",
     "rolled_back_at",
+    "deliver_at",
+    "cancelled_at",
     "deliveries",
     "first_delivered_at",
     "last_event",
@@ -122,6 +128,7 @@ def _per_key(events: DataFrame) -> DataFrame:
         "event",
         "ts",
         "commit",
+        "deliver_at",
         F.array_position(F.array(*map(F.lit, KNOWN_EVENTS)), F.col("event")).alias("code"),
     )
     return keyed.groupBy(
@@ -132,8 +139,11 @@ def _per_key(events: DataFrame) -> DataFrame:
         _first(_ev("stored")).alias("stored_at"),
         _first(_ev("committed") | (_ev("stored") & F.col("commit"))).alias("committed_at"),
         _first(_ev("rolled_back")).alias("rolled_back_at"),
+        F.max("deliver_at").alias("deliver_at"),
+        _first(_ev("cancelled")).alias("cancelled_at"),
         F.count_if(_ev("delivered")).alias("deliveries"),
         _first(_ev("delivered")).alias("first_delivered_at"),
+        _last(_ev("delivered")).alias("last_delivered_at"),
         _first(_ev("acked")).alias("acked_at"),
         F.count_if(_ev("dropped")).alias("drops"),
         _last(dead).alias("dead_at"),
@@ -156,6 +166,7 @@ def _per_message(rows: DataFrame) -> DataFrame:
     pair_fields = (
         "deliveries",
         "first_delivered_at",
+        "last_delivered_at",
         "acked_at",
         "drops",
         "dead_at",
@@ -167,8 +178,8 @@ def _per_message(rows: DataFrame) -> DataFrame:
         F.max("message_type").alias("message_type"),
         F.max("producer_group").alias("producer_group"),
         F.min("first_seen").alias("first_seen"),
-        *map(earliest, ("sent_at", "stored_at", "committed_at", "rolled_back_at")),
-        *map(latest, ("dead_at", "redriven_at", "last_at")),
+        *map(earliest, ("sent_at", "stored_at", "committed_at", "rolled_back_at", "cancelled_at")),
+        *map(latest, ("deliver_at", "dead_at", "redriven_at", "last_at")),
         F.max_by(F.when(own, F.col("reason")), F.when(own, F.col("dead_at"))).alias("dead_reason"),
         F.max_by(F.when(own, F.col("last_code")), F.when(own, F.col("last_at"))).alias("last_code"),
         F.array_compact(F.array_distinct(F.flatten(F.collect_list("groups")))).alias("bound"),
@@ -201,6 +212,7 @@ def _merged_pair(pairs: Column, group: Column) -> Column:
         total("deliveries").alias("deliveries"),
         total("drops").alias("drops"),
         least("first_delivered_at").alias("first_delivered_at"),
+        F.array_max(F.transform(mine, lambda p: p["last_delivered_at"])).alias("last_delivered_at"),
         least("acked_at").alias("acked_at"),
         greatest("dead_at", "reason").alias("dead"),
         F.array_max(F.transform(mine, lambda p: p["redriven_at"])).alias("redriven_at"),
@@ -229,7 +241,10 @@ def _pairs(messages: DataFrame, filters: Filters) -> DataFrame:
     in_dead_letters = dead_at.isNotNull() & (redriven_at.isNull() | (dead_at > redriven_at))
     dropped = pair["drops"] > 0
     rolled_back = F.col("rolled_back_at").isNotNull()
+    cancelled = F.col("cancelled_at").isNotNull()
     deliveries = pair["deliveries"]
+    # A delivery to the group proves the message was routed to it, whatever `groups` says.
+    routed = F.coalesce(F.array_contains(bound, F.col("group")), F.lit(False)) | (deliveries > 0)
     start = F.coalesce(F.col("sent_at"), F.col("stored_at"))
     pair_later = pair["last"]["last_at"].isNotNull() & (
         F.col("last_at").isNull() | (pair["last"]["last_at"] >= F.col("last_at"))
@@ -247,6 +262,8 @@ def _pairs(messages: DataFrame, filters: Filters) -> DataFrame:
         F.col("stored_at").isNotNull().alias("stored"),
         F.col("committed_at").isNotNull().alias("committed"),
         rolled_back.alias("rolled_back"),
+        F.col("deliver_at").isNotNull().alias("scheduled"),
+        cancelled.alias("cancelled"),
         deliveries.alias("deliveries"),
         acked.alias("acked"),
         F.when(acked, F.greatest(deliveries - 1, F.lit(0))).otherwise(0).alias("duplicates"),
@@ -257,19 +274,25 @@ def _pairs(messages: DataFrame, filters: Filters) -> DataFrame:
             (F.col("sent_at").isNotNull() | F.col("stored_at").isNotNull())
             & F.col("committed_at").isNotNull()
             & ~rolled_back
-            & F.coalesce(F.array_contains(bound, F.col("group")), F.lit(False))
+            & ~cancelled
+            & routed
             & ~acked
             & ~in_dead_letters
             & ~dropped
         ).alias("open"),
-        F.greatest(F.col("committed_at"), redriven_at).alias("ready_at"),
+        F.greatest(F.col("committed_at"), redriven_at, F.col("deliver_at")).alias("ready_at"),
         (rolled_back & (deliveries > 0)).alias("delivered_after_rollback"),
+        F.coalesce(cancelled & (pair["last_delivered_at"] >= F.col("cancelled_at")), F.lit(False)).alias(
+            "delivered_after_cancel"
+        ),
         F.when(
             acked & start.isNotNull(), (F.unix_micros(pair["acked_at"]) - F.unix_micros(start)) / 1000.0
         ).alias("latency_ms"),
         "sent_at",
         "committed_at",
         "rolled_back_at",
+        "deliver_at",
+        "cancelled_at",
         pair["first_delivered_at"].alias("first_delivered_at"),
         F.try_element_at(F.array(*map(F.lit, KNOWN_EVENTS)), last_code.cast("int")).alias("last_event"),
         F.greatest(F.col("last_at"), pair["last"]["last_at"]).alias("last_event_at"),
@@ -285,6 +308,8 @@ def summary(pairs: DataFrame, horizon_us: int | None, grace_s: float) -> DataFra
         F.count_if("stored").alias("stored"),
         F.count_if("committed").alias("committed"),
         F.count_if("rolled_back").alias("rolled_back"),
+        F.count_if("scheduled").alias("scheduled"),
+        F.count_if("cancelled").alias("cancelled"),
         F.count_if(F.col("deliveries") > 0).alias("delivered"),
         F.sum("deliveries").alias("deliveries"),
         F.count_if("acked").alias("acked"),
@@ -294,6 +319,7 @@ def summary(pairs: DataFrame, horizon_us: int | None, grace_s: float) -> DataFra
         F.count_if("pending").alias("pending"),
         F.count_if("lost").alias("lost"),
         F.count_if("delivered_after_rollback").alias("delivered_after_rollback"),
+        F.count_if("delivered_after_cancel").alias("delivered_after_cancel"),
         F.percentile_approx("latency_ms", list(LATENCY_QUANTILES)).alias("latency_ms"),
     )
     reasons = (
@@ -315,9 +341,11 @@ def summary(pairs: DataFrame, horizon_us: int | None, grace_s: float) -> DataFra
 
 
 def detail(pairs: DataFrame, horizon_us: int | None, grace_s: float) -> DataFrame:
-    """Every lost and every delivered-after-rollback (message, group), in DETAIL_COLUMNS order."""
-    kind = F.when(F.col("lost"), F.lit("lost")).when(
-        F.col("delivered_after_rollback"), F.lit("delivered_after_rollback")
+    """Every lost, delivered-after-rollback and delivered-after-cancel (message, group), in DETAIL_COLUMNS order."""
+    kind = (
+        F.when(F.col("lost"), F.lit("lost"))
+        .when(F.col("delivered_after_rollback"), F.lit("delivered_after_rollback"))
+        .when(F.col("delivered_after_cancel"), F.lit("delivered_after_cancel"))
     )
     return (
         _with_outcome(pairs, horizon_us, grace_s)
@@ -329,7 +357,11 @@ def detail(pairs: DataFrame, horizon_us: int | None, grace_s: float) -> DataFram
 
 
 def _with_outcome(pairs: DataFrame, horizon_us: int | None, grace_s: float) -> DataFrame:
-    """Split the open rows into lost (ready at or before `horizon - grace`) and pending (younger)."""
+    """Split the open rows into lost (ready at or before `horizon - grace`) and pending (younger).
+
+    Ready is the latest of commit, redrive and a schedule's `deliver_at`: a scheduled message
+    stays pending until its time plus the grace, however old its commit.
+    """
     if horizon_us is None:
         old_enough = F.lit(False)
     else:

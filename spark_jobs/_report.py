@@ -14,7 +14,29 @@ from pathlib import Path
 
 from spark_jobs._events import KNOWN_EVENTS, MALFORMED, PROBLEMS
 
-NO_GROUP = "-"
+# Where the list of events wraps, so that only a table's own rows can be wider.
+LINE_WIDTH = 100
+# The columns of the default (narrow) table: what an operator reads first. `--wide` shows all.
+NARROW_SUMMARY = (
+    "topic",
+    "message_type",
+    "group",
+    "acked",
+    "dead_lettered",
+    "pending",
+    "lost",
+    "delivered_after_rollback",
+)
+# Shown in the narrow table too, but only when some row is not 0: rare failures worth a column then.
+NARROW_IF_SEEN = ("delivered_after_cancel",)
+NARROW_DETAIL = (
+    "kind",
+    "message_id",
+    "group",
+    "deliveries",
+    "last_event",
+    "last_event_at",
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +66,8 @@ class SummaryRow:
     stored: int
     committed: int
     rolled_back: int
+    scheduled: int
+    cancelled: int
     delivered: int
     deliveries: int
     acked: int
@@ -54,6 +78,7 @@ class SummaryRow:
     pending: int
     lost: int
     delivered_after_rollback: int
+    delivered_after_cancel: int
     latency_p50_ms: float | None
     latency_p95_ms: float | None
     latency_p99_ms: float | None
@@ -61,7 +86,7 @@ class SummaryRow:
 
 @dataclass(frozen=True)
 class DetailRow:
-    """One lost or delivered-after-rollback (message, group), with what helps to chase it."""
+    """One lost, delivered-after-rollback or -cancel (message, group), with what helps to chase it."""
 
     kind: str
     message_id: str
@@ -73,6 +98,8 @@ class DetailRow:
     sent_at: datetime.datetime | None
     committed_at: datetime.datetime | None
     rolled_back_at: datetime.datetime | None
+    deliver_at: datetime.datetime | None
+    cancelled_at: datetime.datetime | None
     deliveries: int
     first_delivered_at: datetime.datetime | None
     last_event: str | None
@@ -99,8 +126,12 @@ class Report:
         return sum(row.delivered_after_rollback for row in self.summary)
 
     @property
+    def delivered_after_cancel(self) -> int:
+        return sum(row.delivered_after_cancel for row in self.summary)
+
+    @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.delivered_after_rollback == 0
+        return self.lost == 0 and self.delivered_after_rollback == 0 and self.delivered_after_cancel == 0
 
     @property
     def exit_code(self) -> int:
@@ -108,9 +139,12 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        """One line: `OK: …` or `FAIL: N lost, M delivered after rollback`."""
+        """One line: `OK: …` or `FAIL: N lost, M delivered after rollback[, K delivered after cancel]`."""
         if not self.ok:
-            return f"FAIL: {self.lost} lost, {self.delivered_after_rollback} delivered after rollback"
+            verdict = f"FAIL: {self.lost} lost, {self.delivered_after_rollback} delivered after rollback"
+            if self.delivered_after_cancel:
+                verdict += f", {self.delivered_after_cancel} delivered after cancel"
+            return verdict
         acked = sum(row.acked for row in self.summary)
         groups = len({row.group for row in self.summary if row.group is not None})
         parts = [
@@ -139,6 +173,7 @@ def to_json(report: Report) -> dict[str, object]:
         "ok": report.ok,
         "lost": report.lost,
         "delivered_after_rollback": report.delivered_after_rollback,
+        "delivered_after_cancel": report.delivered_after_cancel,
         "messages": report.messages,
         "grace_s": report.grace_s,
         "input": {**_plain(asdict(report.input)), "malformed": report.input.malformed},
@@ -158,11 +193,11 @@ def detail_csv(report: Report) -> str:
     return _csv(DetailRow, [_flat(asdict(row)) for row in report.detail])
 
 
-def write_files(report: Report, out: Path, fmt: str) -> list[Path]:
+def write_files(report: Report, out: Path, fmt: str, wide: bool = False) -> list[Path]:
     """Write the report under `out` in `fmt` (table, json or csv); the paths written."""
     out.mkdir(parents=True, exist_ok=True)
     if fmt == "table":
-        files = {"report.txt": render_table(report)}
+        files = {"report.txt": render_table(report, wide)}
     elif fmt == "json":
         files = {"report.json": json.dumps(to_json(report), indent=2) + "\n"}
     elif fmt == "csv":
@@ -174,8 +209,11 @@ def write_files(report: Report, out: Path, fmt: str) -> list[Path]:
     return [out / name for name in files]
 
 
-def render_table(report: Report) -> str:
-    """The report for people: summary table, detail, input health, and the verdict last."""
+def render_table(report: Report, wide: bool = False) -> str:
+    """The report for people: summary table, detail, input health, and the verdict last.
+
+    Narrow by default (NARROW_SUMMARY, NARROW_DETAIL), every column when `wide`.
+    """
     out = io.StringIO()
     stats = report.input
     newest = _iso(stats.newest_ts) if stats.newest_ts else "-"
@@ -184,19 +222,37 @@ def render_table(report: Report) -> str:
     if skipped:
         out.write("Skipped lines: " + ", ".join(f"{kind} {n}" for kind, n in skipped.items()) + "\n")
     seen = [f"{name} {stats.by_event[name]}" for name in KNOWN_EVENTS if stats.by_event.get(name)]
-    out.write("Events: " + (", ".join(seen) or "none") + "\n\n")
-    headers = [f.name for f in fields(SummaryRow)]
+    out.write(_wrapped("Events:", seen or ["none"]) + "\n\n")
+    headers = _summary_headers(report, wide)
     rows = [[_cell(name, getattr(row, name)) for name in headers] for row in report.summary]
     out.write(_table(headers, rows) if rows else "No messages.\n")
     if report.detail_total:
         shown = len(report.detail)
         more = f" (first {shown} shown)" if shown < report.detail_total else ""
-        out.write(f"\nDetail: {report.detail_total} lost or delivered after rollback{more}\n")
-        headers = [f.name for f in fields(DetailRow)]
+        out.write(f"\nDetail: {report.detail_total} lost or delivered after rollback or cancel{more}\n")
+        headers = [f.name for f in fields(DetailRow)] if wide else list(NARROW_DETAIL)
         rows = [[_cell(name, getattr(row, name)) for name in headers] for row in report.detail]
         out.write(_table(headers, rows))
     out.write(f"\n{report.verdict}\n")
     return out.getvalue()
+
+
+def _wrapped(prefix: str, items: list[str]) -> str:
+    """`prefix` and the items, comma-separated, in lines of at most LINE_WIDTH (an item is never split)."""
+    lines = [prefix]
+    for i, item in enumerate(items):
+        text = item + ("," if i < len(items) - 1 else "")
+        if len(lines[-1]) + 1 + len(text) > LINE_WIDTH:
+            lines.append(" ")
+        lines[-1] += " " + text
+    return "\n".join(lines)
+
+
+def _summary_headers(report: Report, wide: bool) -> list[str]:
+    if wide:
+        return [f.name for f in fields(SummaryRow)]
+    seen = [name for name in NARROW_IF_SEEN if any(getattr(row, name) for row in report.summary)]
+    return [*NARROW_SUMMARY, *seen]
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
+import importlib.metadata
 import json
 import os
 import sys
@@ -75,8 +77,18 @@ class Reconciliation:
     def report(self, detail_limit: int = DEFAULT_DETAIL_LIMIT) -> Report:
         """Collect the summary and at most `detail_limit` detail rows to the driver."""
         summary_rows = [SummaryRow(**row.asDict()) for row in self.summary.collect()]
-        detail_total = sum(row.lost + row.delivered_after_rollback for row in summary_rows)
-        times = ("sent_at", "committed_at", "rolled_back_at", "first_delivered_at", "last_event_at")
+        detail_total = sum(
+            row.lost + row.delivered_after_rollback + row.delivered_after_cancel for row in summary_rows
+        )
+        times = (
+            "sent_at",
+            "committed_at",
+            "rolled_back_at",
+            "deliver_at",
+            "cancelled_at",
+            "first_delivered_at",
+            "last_event_at",
+        )
         limited = self.detail.limit(detail_limit).select(
             *(F.unix_micros(name).alias(name) if name in times else F.col(name) for name in DETAIL_COLUMNS)
         )
@@ -150,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--format parquet needs --out DIR")
     if args.grace < 0:
         parser.error("--grace must not be negative")
+    missing = [path for path in args.paths if not _local_path_exists(path)]
+    if missing:
+        parser.error("no such path: " + ", ".join(missing))
     filters = Filters(args.since, args.until, tuple(args.topic), tuple(args.group))
     with _session(args.master, args.conf) as spark:
         started = time.monotonic()
@@ -177,25 +192,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run.input.events == 0:
         log.error("reconcile.no_events", lines=run.input.lines, skipped=run.input.problems)
         return 2
-    _emit(report, args.format, args.out)
+    _emit(report, args.format, args.out, args.wide)
     return report.exit_code
 
 
-def _emit(report: Report, fmt: str, out: Path | None) -> None:
+def _emit(report: Report, fmt: str, out: Path | None, wide: bool) -> None:
     """Files under --out in the format, the table on stdout; without --out, the format on stdout."""
     if out is not None:
-        written = write_files(report, out, fmt) if fmt != "parquet" else [out / "summary", out / "detail"]
+        written = (
+            write_files(report, out, fmt, wide) if fmt != "parquet" else [out / "summary", out / "detail"]
+        )
         log.info("reconcile.written", files=[str(p) for p in written])
-        sys.stdout.write(render_table(report))
+        sys.stdout.write(render_table(report, wide))
         return
     if fmt == "json":
         sys.stdout.write(json.dumps(to_json(report), indent=2) + "\n")
     elif fmt == "csv":
         sys.stdout.write(summary_csv(report))
     else:
-        sys.stdout.write(render_table(report))
+        sys.stdout.write(render_table(report, wide))
         return
     sys.stderr.write(report.verdict + "\n")
+
+
+def _local_path_exists(path: str) -> bool:
+    """Whether a local path or glob names something; other URIs (hdfs://, s3a://) are Spark's to check.
+
+    Checked before Spark starts, so a typo fails in milliseconds rather than after the JVM's
+    start. Brace globs (`{a,b}`) are Hadoop syntax Python's glob does not speak: left to Spark.
+    """
+    scheme, colon, rest = path.partition(":")
+    if colon and scheme != "file" and "/" not in scheme:
+        return True
+    local = rest.removeprefix("//") if scheme == "file" else path
+    if "{" in local:
+        return True
+    if any(char in local for char in "*?["):
+        return bool(glob.glob(local))
+    return Path(local).exists()
 
 
 @contextmanager
@@ -228,6 +262,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 all accounted for, 1 lost or delivered-after-rollback messages, 2 bad input.",
     )
     parser.add_argument("paths", nargs="+", help="delivery-log files, directories, globs or URIs Spark reads")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {importlib.metadata.version('kiteq-py')}"
+    )
     parser.add_argument("--master", default="local[*]", help="Spark master URL (default: local[*])")
     parser.add_argument(
         "--since", type=_utc_time, help="only messages first seen at or after this ISO-8601 time"
@@ -237,6 +274,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--group", action="append", default=[], help="only this consumer group (repeatable)")
     parser.add_argument("--out", type=Path, help="write the report into this directory")
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format (default: table)")
+    parser.add_argument(
+        "--wide", action="store_true", help="every column in the table (default: the ones read first)"
+    )
     parser.add_argument(
         "--grace",
         type=float,

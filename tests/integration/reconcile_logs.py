@@ -18,11 +18,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 BASE = datetime.datetime(2026, 11, 21, 10, 0, tzinfo=datetime.UTC)
+_BASE_MS = round(BASE.timestamp() * 1000)
 
 
 def at(seconds: float) -> datetime.datetime:
     """The moment `seconds` after BASE (to the microsecond)."""
     return BASE + datetime.timedelta(microseconds=round(seconds * 1_000_000))
+
+
+def epoch_ms(seconds: float) -> int:
+    """`at(seconds)` as Unix milliseconds, the unit of a `scheduled` event's `deliver_at`."""
+    return _BASE_MS + round(seconds * 1000)
 
 
 def iso(moment: datetime.datetime) -> str:
@@ -171,13 +177,17 @@ COUNT_COLUMNS = (
     "pending",
     "lost",
     "delivered_after_rollback",
+    "scheduled",
+    "cancelled",
+    "delivered_after_cancel",
 )
 QUANTILES = (0.5, 0.95, 0.99)
 
 
 def random_logs(seed: int, messages: int) -> tuple[DeliveryLogs, list[dict[str, object]]]:
-    """Random histories (commit modes, redeliveries, drops, dead letters, redrives, several
-    brokers, missing producer lines) at distinct random times: the logs, and every event."""
+    """Random histories (commit modes, schedules and cancels, redeliveries, drops, dead letters,
+    redrives, several brokers, missing producer lines and routing) at distinct random times:
+    the logs, and every event."""
     rng = random.Random(seed)
     moments = iter(rng.sample(range(1, 1_000_000_000), messages * 40))
     events: list[dict[str, object]] = []
@@ -195,11 +205,19 @@ def random_logs(seed: int, messages: int) -> tuple[DeliveryLogs, list[dict[str, 
         if mode == "fail":
             emit("send_failed", mid, base, reason="timeout")
             continue
+        # One in ten brokers logs no routing: only the deliveries tell where the message went.
+        logged = bound if rng.random() < 0.9 else None
         for broker in brokers:
-            routed = {"commit": True, "groups": bound} if mode == "direct" else {}
+            routed = {"commit": True, "groups": logged} if mode == "direct" else {}
             emit("stored", mid, {**base, "broker": broker}, **routed)
         if rng.random() < 0.9:
             emit("sent", mid, base)
+        if mode == "direct" and rng.random() < 0.2:
+            # Due anywhere from long before the newest event to after it, in whole milliseconds.
+            due_ms = rng.randrange(0, 1_100_000)
+            emit("scheduled", mid, home, deliver_at=_BASE_MS + due_ms, due_us=due_ms * 1000)
+            if rng.random() < 0.3:
+                emit("cancelled", mid, home)
         if mode == "tx_commit":
             emit("committed", mid, home, groups=bound)
         elif mode == "tx_rollback":
@@ -224,7 +242,7 @@ def random_logs(seed: int, messages: int) -> tuple[DeliveryLogs, list[dict[str, 
                 emit("redriven", mid, home)
     logs = DeliveryLogs()
     for record in events:
-        fields = {k: v for k, v in record.items() if k not in ("event", "message_id", "us")}
+        fields = {k: v for k, v in record.items() if k not in ("event", "message_id", "us", "due_us")}
         file = f"{fields['broker']}.log" if "broker" in fields else "producer.log"
         logs.line(file, str(record["event"]), str(record["message_id"]), int(record["us"]) / 1e6, **fields)
     return logs, events
@@ -260,7 +278,15 @@ def model_report(
             if e["event"] == "committed" or (e["event"] == "stored" and e.get("commit"))
         ]
         committed = min(commits) if commits else None
-        bound = {g for e in own if e["event"] in ("stored", "committed") for g in e.get("groups") or []}
+        bound = {
+            g
+            for e in own
+            if e["event"] in ("stored", "committed", "scheduled")
+            for g in e.get("groups") or []
+        }
+        cancelled = first(own, "cancelled")
+        dues = [int(e["due_us"]) for e in own if e["event"] == "scheduled"]
+        due = max(dues) if dues else None
         names = sorted(bound | {str(e["group"]) for e in evs if "group" in e}) or [None]
         for group in names:
             mine = [e for e in evs if e.get("group") == group] if group else []
@@ -269,15 +295,21 @@ def model_report(
             last_dead = max(dead, key=lambda e: int(e["us"])) if dead else None
             redriven = max(redrives) if redrives else None
             in_dlq = last_dead is not None and (redriven is None or int(last_dead["us"]) > redriven)
-            deliveries = sum(1 for e in mine if e["event"] == "delivered")
+            delivered = [int(e["us"]) for e in mine if e["event"] == "delivered"]
+            deliveries = len(delivered)
             acked_at = first(mine, "acked")
             drops = any(e["event"] == "dropped" for e in mine)
             acked = acked_at is not None
+            routed = group in bound or deliveries > 0
             expected = (
-                (sent or stored) is not None and committed is not None and rolled is None and group in bound
+                (sent or stored) is not None
+                and committed is not None
+                and rolled is None
+                and cancelled is None
+                and routed
             )
             open_ = expected and not acked and not in_dlq and not drops
-            ready = max(t for t in (committed, redriven) if t is not None) if open_ else 0
+            ready = max(t for t in (committed, redriven, due) if t is not None) if open_ else 0
             lost = open_ and ready <= horizon - grace_s * 1e6
             start = sent if sent is not None else stored
             flags = {
@@ -294,6 +326,9 @@ def model_report(
                 "pending": open_ and not lost,
                 "lost": lost,
                 "delivered_after_rollback": rolled is not None and deliveries > 0,
+                "scheduled": due is not None,
+                "cancelled": cancelled is not None,
+                "delivered_after_cancel": cancelled is not None and any(t >= cancelled for t in delivered),
             }
             key = (evs[0]["topic"], evs[0]["message_type"], group)
             row = rows.setdefault(
@@ -310,6 +345,8 @@ def model_report(
                 detail.add(("lost", mid, group))
             if flags["delivered_after_rollback"]:
                 detail.add(("delivered_after_rollback", mid, group))
+            elif flags["delivered_after_cancel"]:
+                detail.add(("delivered_after_cancel", mid, group))
     summary = {
         key: (tuple(row["counts"][c] for c in COUNT_COLUMNS), row["reasons"], _quantiles(row["latency"]))
         for key, row in rows.items()

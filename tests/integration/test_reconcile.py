@@ -14,11 +14,13 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from spark_jobs._report import NARROW_DETAIL, NARROW_SUMMARY, DetailRow, SummaryRow
 from spark_jobs.reconcile import main, reconcile
 from tests.integration.reconcile_logs import BASE, COUNT_COLUMNS, DeliveryLogs, at, model_report, random_logs
 
@@ -139,23 +141,35 @@ def known_logs() -> DeliveryLogs:
 # Every row of the summary of `known_logs` (default 60 s grace), in report order: the counts
 # in COUNT_COLUMNS order, dead_lettered_by_reason, and latency p50/p95/p99 in ms.
 EXPECTED = {
-    ("news", "flash", "push"): ((2, 2, 2, 0, 1, 1, 1, 0, 1, 0, 0, 0, 0), {}, (2.0, 2.0, 2.0)),
+    ("news", "flash", "push"): ((2, 2, 2, 0, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0), {}, (2.0, 2.0, 2.0)),
     ("trade", "expire", "sms"): (
-        (6, 6, 6, 0, 2, 2, 1, 0, 0, 4, 0, 1, 0),
+        (6, 6, 6, 0, 2, 2, 1, 0, 0, 4, 0, 1, 0, 0, 0, 0),
         {"deliver-limit": 2, "expired": 2},
         (60198.0, 60198.0, 60198.0),
     ),
-    ("trade", "pay-fail", "sms"): ((4, 4, 4, 0, 3, 3, 1, 0, 0, 0, 1, 2, 0), {}, (5.0, 5.0, 5.0)),
-    ("trade", "pay-succ", "audit"): ((6, 6, 6, 0, 6, 6, 5, 0, 0, 0, 0, 1, 0), {}, (60.0, 100.0, 100.0)),
-    ("trade", "pay-succ", "sms"): ((6, 6, 6, 0, 6, 6, 6, 0, 0, 0, 0, 0, 0), {}, (30.0, 60.0, 60.0)),
-    ("trade", "refund", "sms"): ((2, 2, 2, 0, 2, 5, 2, 3, 0, 0, 0, 0, 0), {}, (1008.0, 6048.0, 6048.0)),
-    ("trade", "resend", "sms"): ((2, 2, 2, 0, 2, 3, 2, 1, 0, 0, 0, 0, 0), {}, (4.0, 18.0, 18.0)),
+    ("trade", "pay-fail", "sms"): ((4, 4, 4, 0, 3, 3, 1, 0, 0, 0, 1, 2, 0, 0, 0, 0), {}, (5.0, 5.0, 5.0)),
+    ("trade", "pay-succ", "audit"): (
+        (6, 6, 6, 0, 6, 6, 5, 0, 0, 0, 0, 1, 0, 0, 0, 0),
+        {},
+        (60.0, 100.0, 100.0),
+    ),
+    ("trade", "pay-succ", "sms"): ((6, 6, 6, 0, 6, 6, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0), {}, (30.0, 60.0, 60.0)),
+    ("trade", "refund", "sms"): (
+        (2, 2, 2, 0, 2, 5, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0),
+        {},
+        (1008.0, 6048.0, 6048.0),
+    ),
+    ("trade", "resend", "sms"): ((2, 2, 2, 0, 2, 3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0), {}, (4.0, 18.0, 18.0)),
     ("tx", "order", None): (
-        (3, 3, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0),
+        (3, 3, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0),
         {"tx-unresolved": 1},
         (None, None, None),
     ),
-    ("tx", "order", "stock"): ((2, 2, 1, 1, 2, 2, 1, 0, 0, 0, 0, 0, 1), {}, (10018.0, 10018.0, 10018.0)),
+    ("tx", "order", "stock"): (
+        (2, 2, 1, 1, 2, 2, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0),
+        {},
+        (10018.0, 10018.0, 10018.0),
+    ),
 }
 
 
@@ -314,9 +328,30 @@ def test_cli_ok_exit_codes_and_stdout_formats(
     assert json.loads(captured.out)["ok"] is True
     assert captured.err.rstrip().endswith("0 delivered after rollback, 5 malformed lines skipped")
 
-    assert main([str(tmp_path / "no-such-*.log")]) == 2
     (tmp_path / "empty.log").write_text("\n")
     assert main([str(tmp_path / "empty.log")]) == 2
+
+
+def test_table_is_narrow_unless_wide(
+    spark: SparkSession, log_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([str(log_dir)]) == 1
+    narrow = capsys.readouterr().out.splitlines()
+    header = next(line for line in narrow if line.startswith("topic"))
+    assert header.split() == list(NARROW_SUMMARY)
+    assert max(map(len, narrow)) <= 100
+    detail_header = next(line for line in narrow if line.startswith("kind"))
+    assert detail_header.split() == list(NARROW_DETAIL)
+    assert narrow[-1] == "FAIL: 4 lost, 1 delivered after rollback"
+
+    assert main([str(log_dir), "--wide"]) == 1
+    wide = capsys.readouterr().out.splitlines()
+    header = next(line for line in wide if line.startswith("topic"))
+    assert header.split() == [f.name for f in fields(SummaryRow)]
+    assert next(line for line in wide if line.startswith("kind")).split() == [
+        f.name for f in fields(DetailRow)
+    ]
+    assert wide[-1] == narrow[-1]
 
 
 def test_cli_parquet_keeps_the_whole_detail(spark: SparkSession, log_dir: Path, tmp_path: Path) -> None:
