@@ -11,6 +11,10 @@ a `trade/receipt` message. The two directions between asyncio and kiteq.sync:
 
     .venv/bin/python examples/asyncio_service.py            # Ctrl-C stops gracefully
     .venv/bin/python examples/asyncio_service.py --count 3  # stop after three payments
+
+It leaves nothing behind: at exit it removes its `receipt-svc` binding, so payments sent
+while it is down are not kept for it. A real service that must not miss any keeps its
+(persistent) binding instead, and its group's backlog waits for it.
 """
 
 from __future__ import annotations
@@ -20,8 +24,20 @@ import asyncio
 import signal
 from functools import partial
 
+import trio
+
 from kiteq import Binding, Message, sync
 from kiteq.logging import configure_logging
+from kiteq.registry import open_registry
+
+GROUP = "receipt-svc"
+PAYMENTS = Binding.direct("trade", "pay-succ")
+
+
+async def unbind(registry_uri: str) -> int:
+    """Remove the service's binding (Trio code: the registry API is async, in Trio)."""
+    async with open_registry(registry_uri) as registry:
+        return await registry.remove_binding(GROUP, PAYMENTS.topic, PAYMENTS.message_type)
 
 
 async def main(registry: str, count: int, tls: str | None) -> None:
@@ -58,8 +74,8 @@ async def main(registry: str, count: int, tls: str | None) -> None:
         partial(
             sync.Consumer,
             registry,
-            group="receipt-svc",
-            bindings=[Binding.direct("trade", "pay-succ")],
+            group=GROUP,
+            bindings=[PAYMENTS],
             listener=on_message,
             message_timeout=30,
             tls=tls,
@@ -77,7 +93,11 @@ async def main(registry: str, count: int, tls: str | None) -> None:
         # Close while the event loop still runs: in-flight handlers need it to finish.
         await asyncio.to_thread(consumer.close)
         await asyncio.to_thread(producer.close)
-    print(f"asyncio service done: {handled} payments handled", flush=True)
+        # A worker thread runs the Trio call, as kiteq.sync does for every other one.
+        removed = await asyncio.to_thread(trio.run, unbind, registry)
+    print(
+        f"asyncio service done: {handled} payments handled; {removed} binding of {GROUP} removed", flush=True
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,12 @@
 """Consume `trade/pay-succ` messages from the broker started by `make run`.
 
 .venv/bin/python examples/consumer.py            # Ctrl-C to stop
+
+It leaves its group bound to trade/pay-succ on purpose (a persistent binding: messages
+sent while no consumer of the group runs wait for it, and the binding is what makes a
+broker serve `trade`). To remove it:
+
+    .venv/bin/kiteq-admin --registry file://./data/registry.json bindings remove --group sms-svc --topic trade
 """
 
 from __future__ import annotations
@@ -12,6 +18,11 @@ import trio
 
 from kiteq import Binding, Consumer, Message, MessageListener
 from kiteq.logging import configure_logging
+
+LEFT_BEHIND = (
+    "left group {group!r} bound to trade/pay-succ (messages wait for it); remove with:\n"
+    "  kiteq-admin --registry {registry} bindings remove --group {group} --topic trade"
+)
 
 
 class PrintingListener(MessageListener):
@@ -42,3 +53,4 @@ if __name__ == "__main__":
     configure_logging("warning")
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(main, args.registry, args.group, args.tls_ca)
+    print(LEFT_BEHIND.format(group=args.group, registry=args.registry), flush=True)

@@ -1,6 +1,8 @@
 """Broker, consumer and producer in one process: the whole path in a few seconds.
 
 .venv/bin/python examples/demo.py
+
+Its broker keeps the store and registry in a temporary directory, removed at the end.
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ class Collector(MessageListener):
         return True
 
 
-async def main() -> None:
-    workdir = tempfile.mkdtemp(prefix="kiteq-demo-")
+async def main(workdir: str) -> None:
     registry = f"file://{workdir}/registry.json?poll=0.1"
     config = load_config(
         None,
@@ -60,4 +61,6 @@ async def main() -> None:
 
 if __name__ == "__main__":
     configure_logging("warning")
-    trio.run(main)
+    with tempfile.TemporaryDirectory(prefix="kiteq-demo-") as workdir:
+        trio.run(main, workdir)
+    print(f"removed {workdir}", flush=True)

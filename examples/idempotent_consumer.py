@@ -9,6 +9,12 @@ deposit twice, and the balance still counts each once.
 
     .venv/bin/python examples/idempotent_consumer.py --send 5 --lose-first-ack
     .venv/bin/python examples/idempotent_consumer.py            # Ctrl-C to stop
+
+It leaves the balance and the processed ids in `--database` (./data/bank.sqlite: a second
+run adds to the balance; delete the file to start at 0) and the persistent `bank-svc`
+binding to bank/deposit, so deposits sent while it is stopped wait for it. To remove it:
+
+    .venv/bin/kiteq-admin --registry file://./data/registry.json bindings remove --group bank-svc --topic bank
 """
 
 from __future__ import annotations
@@ -108,3 +114,9 @@ if __name__ == "__main__":
     configure_logging("error")
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(main, args.registry, args.database, args.send, args.lose_first_ack, args.tls_ca)
+    print(
+        f"left the balance in {args.database} (delete it to start at 0) and group bank-svc bound "
+        f"to bank/deposit; remove with:\n  kiteq-admin --registry {args.registry} bindings remove "
+        "--group bank-svc --topic bank",
+        flush=True,
+    )

@@ -2,6 +2,12 @@
 
 .venv/bin/python examples/sync_consumer.py            # Ctrl-C stops gracefully
 .venv/bin/python examples/sync_consumer.py --count 5  # stop after five messages
+
+It leaves its group bound to trade/pay-succ on purpose (a persistent binding: messages
+sent while no consumer of the group runs wait for it, and the binding is what makes a
+broker serve `trade`). To remove it:
+
+    .venv/bin/kiteq-admin --registry file://./data/registry.json bindings remove --group sms-svc --topic trade
 """
 
 from __future__ import annotations
@@ -12,6 +18,11 @@ import threading
 
 from kiteq import Binding, Message, sync
 from kiteq.logging import configure_logging
+
+LEFT_BEHIND = (
+    "left group {group!r} bound to trade/pay-succ (messages wait for it); remove with:\n"
+    "  kiteq-admin --registry {registry} bindings remove --group {group} --topic trade"
+)
 
 
 def main(registry: str, group: str, count: int, tls: str | None) -> None:
@@ -42,6 +53,7 @@ def main(registry: str, group: str, count: int, tls: str | None) -> None:
             enough.wait()
         # Leaving the block closes gracefully: running handlers finish and their acks are sent.
     print(f"stopped after acking {consumer.acked} messages", flush=True)
+    print(LEFT_BEHIND.format(group=group, registry=registry), flush=True)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,9 @@ that crashed between its commit and telling the broker is still answered right b
 the next instance of the group.
 
     .venv/bin/python examples/tx_producer.py --orders 3 [--fail-every 2]
+
+Each run places new orders, numbered on from the table's last one. The table stays in
+`--database` (./data/orders.sqlite by default): delete the file to start over.
 """
 
 from __future__ import annotations
@@ -43,6 +46,15 @@ class OrderTable:
             print(f"order {order_id} rolled back: {exc}", flush=True)
             return False
 
+    def next_order_id(self) -> int:
+        """Fresh ids for this run: a second run must not collide with the first's orders."""
+        (last,) = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM orders").fetchone()
+        return int(last) + 1
+
+    def count(self) -> int:
+        (rows,) = self.db.execute("SELECT COUNT(*) FROM orders").fetchone()
+        return int(rows)
+
     def committed(self, message_id: str) -> bool:
         return (
             self.db.execute("SELECT 1 FROM orders WHERE message_id = ?", (message_id,)).fetchone() is not None
@@ -61,11 +73,13 @@ class OrderCheck(CheckMessageListener):
 
 async def main(registry: str, database: Path, count: int, fail_every: int, tls: str | None) -> None:
     orders = OrderTable(database)
+    first = orders.next_order_id()
     async with Producer(
         registry, group="order-svc", topics=["trade"], check_listener=OrderCheck(orders), tls=tls
     ) as producer:
-        for order_id in range(1, count + 1):
-            fail = fail_every > 0 and order_id % fail_every == 0
+        for n in range(1, count + 1):
+            order_id = first + n - 1
+            fail = fail_every > 0 and n % fail_every == 0
             message = Message("trade", "pay-succ", f"order {order_id} paid".encode())
 
             async def local_tx(msg: Message, order_id: int = order_id, fail: bool = fail) -> bool:
@@ -73,6 +87,7 @@ async def main(registry: str, database: Path, count: int, fail_every: int, tls: 
 
             status = await producer.send_tx(message, local_tx)
             print(f"order {order_id}: {status.name} {message.message_id}", flush=True)
+    print(f"{orders.count()} orders kept in {database} (delete it to start over)", flush=True)
 
 
 if __name__ == "__main__":

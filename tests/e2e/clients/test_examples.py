@@ -6,43 +6,15 @@ import importlib.util
 import json
 import signal
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import trio
 
 from kiteq import Binding, Consumer, Message, Producer, sync
-from tests.e2e.test_examples import EXAMPLES, run_example
+from tests.e2e.test_examples import DELIVERY_FAST, EXAMPLES, finish, run_example, start_example
 from tests.helpers import RecordingListener, registry_uri, running_broker, wait_until
-from tests.procs.runner import ROOT
 from tests.services.ports import free_port, wait_for_port
-
-DELIVERY_FAST = {"recover_interval": 0.05, "retry_base": 0.05, "retry_jitter": "none"}
-
-
-def start_example(name: str, *args: str, cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(EXAMPLES / name), *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-    )
-
-
-async def finish(process: subprocess.Popen[str], sig: int | None = None) -> tuple[int, str, str]:
-    """Optionally signal the example, then wait for it; its exit code and output."""
-    if sig is not None:
-        process.send_signal(sig)
-    try:
-        out, err = await trio.to_thread.run_sync(lambda: process.communicate(timeout=30))
-    finally:
-        if process.poll() is None:
-            process.kill()
-    return process.returncode, out, err
 
 
 async def send_payments(registry: str, count: int) -> set[str]:
