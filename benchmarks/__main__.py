@@ -14,7 +14,15 @@ from pathlib import Path
 
 # Each module exposes `run(quick: bool) -> list[Figure]`; those whose `run` also takes
 # `messages` get --messages.
-SUITES = ["codec", "store_saves", "store_saves_mysql", "end_to_end", "reconcile", "versus_rabbitmq"]
+SUITES = [
+    "codec",
+    "store_saves",
+    "store_saves_mysql",
+    "end_to_end",
+    "reconcile",
+    "versus_rabbitmq",
+    "delayed",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
