@@ -61,6 +61,18 @@ class Stage(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Staged:
+    """Messages handed to a store: which were new, and how to wait until they are durable."""
+
+    saved: list[bool]
+    durable: Callable[[], Awaitable[None]]
+
+
+async def _already_durable() -> None:
+    await trio.lowlevel.checkpoint()
+
+
+@dataclass(frozen=True, slots=True)
 class Page:
     """One page of a scan; `cursor` is None once the scan is complete."""
 
@@ -120,6 +132,18 @@ class MessageStore(AsyncResource):
         saved = await _concurrently(self.save, [entities[index] for index in first.values()])
         answers = dict(zip(first, saved, strict=True))
         return [answers[e.message_id] and first[e.message_id] == i for i, e in enumerate(entities)]
+
+    async def stage_many(self, entities: Sequence[MessageEntity]) -> Staged:
+        """`save_many` in two steps: return once every message is in the store's state (a
+        state call or a page sees it), with `durable()` to await what `save` promises.
+
+        The broker delivers a message while the store syncs it and acks the producer only
+        after `durable()`: a delivery never waits on an fsync, a store-ack still does. If
+        `durable()` raises, the producer is told to resend (a delivered copy is then a
+        duplicate, which at-least-once allows). Stores that cannot split the two (MySQL:
+        a row is visible when committed) keep this default: the whole save, then nothing.
+        """
+        return Staged(await self.save_many(entities), _already_durable)
 
     @abstractmethod
     async def get(self, message_id: str) -> MessageEntity | None:

@@ -33,8 +33,6 @@ from stores.entity import MessageEntity
 log = structlog.get_logger(__name__)
 
 STORE_TIMEOUT = 10.0
-# From this many messages in one save, their acks are sent before they are dispatched.
-ACKS_FIRST = 16
 STORED = "Store Result true"
 STORED_BEFORE = "Store Result true (duplicate, stored once)"
 
@@ -108,7 +106,14 @@ class Handlers:
         try:
             started = time.perf_counter()
             with trio.fail_after(STORE_TIMEOUT):
-                saved = await self.store.save_many(entities)
+                staged = await self.store.stage_many(entities)
+                # Delivered while the store syncs: a consumer never waits on an fsync.
+                for (_, entity, sent), new, now_or_later in zip(
+                    pending, staged.saved, deliver_now, strict=True
+                ):
+                    if new and entity.commit and now_or_later:
+                        self.dispatcher.submit(entity, sent)
+                await staged.durable()
             store_ms = round((time.perf_counter() - started) * 1000, 3)
         except (StoreError, trio.TooSlowError) as exc:
             log.warning("message.store_failed", conn=requester.peer, messages=len(entities), error=str(exc))
@@ -116,21 +121,15 @@ class Handlers:
             for opaque, entity, _ in pending:
                 requester.store_ack(opaque, entity.message_id, False, feedback)
             return
-        for (opaque, entity, _), stored in zip(pending, saved, strict=True):
+        # Acked only now: a store-ack says the message is as durable as the store promises.
+        for (opaque, entity, _), stored in zip(pending, staged.saved, strict=True):
             requester.store_ack(opaque, entity.message_id, True, STORED if stored else STORED_BEFORE)
-        if len(pending) >= ACKS_FIRST:
-            # The producer's next sends wait on these acks: let them leave before the dispatch
-            # work below (and whatever else is runnable) delays them by milliseconds. Not a
-            # cancellation point: these messages are stored, so they are dispatched too.
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        for (_, entity, sent), stored, now_or_later in zip(pending, saved, deliver_now, strict=True):
+        for (_, entity, _), stored in zip(pending, staged.saved, strict=True):
             if not stored:
                 continue
             groups = self.dispatcher.target_groups(entity) if self.events.recorded else None
             self.events.emit(LogEvent.STORED, entity, commit=entity.commit, groups=groups, store_ms=store_ms)
-            if entity.commit and now_or_later:
-                self.dispatcher.submit(entity, sent)
-            elif (at := deliver_at_of(entity.properties)) is not None and at > now:
+            if (at := deliver_at_of(entity.properties)) is not None and at > now:
                 self.events.emit(LogEvent.SCHEDULED, entity, deliver_at=round(at * 1000), groups=groups)
                 if entity.commit:
                     self.dispatcher.on_retry(at)

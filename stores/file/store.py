@@ -44,7 +44,7 @@ from typing import Any, Self
 import structlog
 import trio
 
-from stores.base import Cursor, DeadLetter, MessageStore, Page, Stage, StoreStats
+from stores.base import Cursor, DeadLetter, MessageStore, Page, Stage, Staged, StoreStats
 from stores.entity import MessageEntity
 from stores.errors import StoreError, StoreUnavailable
 from stores.file import layout, records
@@ -202,11 +202,18 @@ class FileStore(MessageStore):
 
         A duplicate waits too: the copy it duplicates may still be in flight.
         """
+        staged = await self.stage_many(entities)
+        await staged.durable()
+        return staged.saved
+
+    async def stage_many(self, entities: Sequence[MessageEntity]) -> Staged:
+        """Indexed (and in the write cache) at once; durable when their batches are written."""
         writer = self._writable()
         answers = [self._append(writer, entity) for entity in entities]
         duplicate = None in answers and not writer.settled()
-        await self._wait_for([*answers, writer.sync() if duplicate else None])
-        return [batch is not None for batch in answers]
+        batches = [*answers, writer.sync() if duplicate else None]
+        await trio.lowlevel.checkpoint()
+        return Staged([batch is not None for batch in answers], functools.partial(self._wait_for, batches))
 
     def _append(self, writer: Writer, entity: MessageEntity) -> Batch | None:
         """Log a new message and index it; the batch that writes it, None for a stored id."""

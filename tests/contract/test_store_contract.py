@@ -399,3 +399,23 @@ async def test_many_concurrent_saves(store: MessageStore) -> None:
     for entity in entities[::17]:
         assert await store.get(entity.message_id) == entity
     assert (await store.stats()).messages == 200
+
+
+async def test_staged_messages_are_in_the_state_before_they_are_durable(
+    store: MessageStore, store_uri: str
+) -> None:
+    kept, finished, twin = new_entity(), new_entity(), new_entity()
+    twin.message_id = kept.message_id
+    staged = await store.stage_many([kept, finished, twin])
+    assert staged.saved == [True, True, False], "an id given twice is saved once"
+    assert await store.get(kept.message_id) == kept, "readable while it syncs"
+    assert await store.finish(finished.message_id), "a round may end before the fsync does"
+    await staged.durable()
+    if store.durable:
+        store = await reopen(store, store_uri)
+    try:
+        assert await store.get(kept.message_id) == kept
+        assert await store.get(finished.message_id) is None
+    finally:
+        if store.durable:
+            await store.close()
