@@ -4,6 +4,8 @@ Same tree as KiteQ (see docs/design.md "Registry" and docs/registry.md):
   /kiteq/server/{topic}/{host:port}        brokers serving a topic (ephemeral)
   /kiteq/pub/{topic}/{group}/{host:port}   producers (ephemeral)
   /kiteq/sub/{topic}/{group}-bind          a group's bindings for a topic (persistent JSON)
+plus one subtree of KiteQ-py's own, which KiteQ's Go clients never read:
+  /kiteq/admin/{host:port}                 a broker's admin endpoint URL (ephemeral)
 
 Watches are long-running coroutines that the caller starts in its own nursery;
 they call `on_change` with the full current value (never a diff) once at start and
@@ -54,6 +56,18 @@ class Registry(AsyncResource):
     @abstractmethod
     async def list_servers(self, topic: str | None = None) -> dict[str, list[str]]:
         """topic -> broker addresses."""
+
+    @abstractmethod
+    async def register_admin(self, address: str, url: str) -> None:
+        """Announce the admin endpoint (`http[s]://host:port`) of the broker at client `address`.
+
+        It lives as long as this process's registrations do (an ephemeral node, a file
+        heartbeat) and is withdrawn on `close`, so tools reach every running broker.
+        """
+
+    @abstractmethod
+    async def list_admins(self) -> dict[str, str]:
+        """Broker client address -> admin endpoint URL, for the running brokers that have one."""
 
     @abstractmethod
     async def register_producer(self, address: str, group: str, topics: Iterable[str]) -> None: ...

@@ -4,11 +4,12 @@ The same data as the ZooKeeper tree, shaped like it (`file_tree` has the layout 
 the rules). Several processes share the file: every change is a read-modify-write
 under an exclusive `flock` on `<path>.lock`, written to a temporary file and renamed
 into place, so readers never see half a file. Watchers poll (`?poll=`, default every
-0.5 s). Brokers and producers stand in for ZooKeeper's ephemeral nodes with
-heartbeats: each process rewrites its own every `ttl / 3` seconds (`?ttl=`, default
-30 s) and withdraws its entries when it closes; readers ignore, and writers prune,
-whatever stopped heartbeating for a TTL, so a process killed with SIGKILL drops out
-of `servers` and `producers` within `ttl` seconds.
+0.5 s). Brokers, their admin endpoints and producers stand in for ZooKeeper's
+ephemeral nodes with heartbeats: each process rewrites its own every `ttl / 3`
+seconds (`?ttl=`, default 30 s) and withdraws its entries when it closes; readers
+ignore, and writers prune, whatever stopped heartbeating for a TTL, so a process
+killed with SIGKILL drops out of `servers`, `admins` and `producers` within `ttl`
+seconds.
 
 A registry made with `create=False` (what `kiteq-admin` does unless `--create`)
 refuses a file that does not exist instead of starting an empty one: a misspelt path
@@ -39,8 +40,10 @@ from kiteq.registry.file_tree import (
     empty_tree,
     forget,
     prune,
+    put_admin,
     put_producer,
     put_server,
+    withdraw_admin,
     withdraw_producer,
 )
 from stores.uri import split_file_uri
@@ -106,6 +109,7 @@ class FileRegistry(Registry):
         self._lock_path = path.with_name(path.name + ".lock")
         # What this process registered, re-written with every heartbeat and withdrawn on close.
         self._servers: dict[str, tuple[str, ...]] = {}
+        self._admins: dict[str, str] = {}
         self._producers: list[tuple[str, str, tuple[str, ...]]] = []
         self._writing = trio.Lock()
         self._tasks: contextlib.AsyncExitStack | None = None
@@ -151,17 +155,21 @@ class FileRegistry(Registry):
         if self._tasks is not None:
             tasks, self._tasks = self._tasks, None
             await tasks.aclose()
+        addresses = self._addresses()
         servers, self._servers = self._servers, {}
+        admins, self._admins = self._admins, {}
         producers, self._producers = self._producers, []
-        if not servers and not producers:
+        if not addresses:
             return
 
         def change(tree: Tree) -> None:
             for address in servers:
                 put_server(tree, address, ())
+            for address in admins:
+                withdraw_admin(tree, address)
             for address, group, topics in producers:
                 withdraw_producer(tree, address, group, topics)
-            forget(tree, [*servers, *(address for address, _, _ in producers)])
+            forget(tree, addresses)
 
         with trio.move_on_after(CLOSE_TIMEOUT):
             try:
@@ -177,7 +185,7 @@ class FileRegistry(Registry):
         """
         while True:
             await trio.sleep(self.options.refresh)
-            if not self._servers and not self._producers:
+            if not self._addresses():
                 continue
             try:
                 await self._apply(self._reregister)
@@ -188,9 +196,15 @@ class FileRegistry(Registry):
         # Runs in a worker thread while `_writing` is held: registrations cannot change meanwhile.
         for address, topics in self._servers.items():
             put_server(tree, address, topics)
+        for address, url in self._admins.items():
+            put_admin(tree, address, url)
         for address, group, topics in self._producers:
             put_producer(tree, address, group, topics)
-        beat(tree, [*self._servers, *(address for address, _, _ in self._producers)], self.clock())
+        beat(tree, self._addresses(), self.clock())
+
+    def _addresses(self) -> list[str]:
+        """Every address this process registered something under: the ones it heartbeats."""
+        return list(dict.fromkeys([*self._servers, *self._admins, *(a for a, _, _ in self._producers)]))
 
     # -- file access (run in a worker thread) -------------------------------------
 
@@ -253,7 +267,7 @@ class FileRegistry(Registry):
             put_server(tree, address, wanted)
             if wanted:
                 beat(tree, [address], self.clock())
-            else:
+            elif address not in self._admins:  # its admin endpoint, still registered, lives on
                 forget(tree, [address])
 
         await self._apply(change)
@@ -268,6 +282,18 @@ class FileRegistry(Registry):
     async def list_servers(self, topic: str | None = None) -> dict[str, list[str]]:
         servers: dict[str, list[str]] = (await self._snapshot())["servers"]
         return {t: a for t, a in servers.items() if topic is None or t == topic}
+
+    async def register_admin(self, address: str, url: str) -> None:
+        def change(tree: Tree) -> None:
+            put_admin(tree, address, url)
+            beat(tree, [address], self.clock())
+
+        await self._apply(change)
+        self._admins[address] = url
+
+    async def list_admins(self) -> dict[str, str]:
+        admins: dict[str, str] = (await self._snapshot())["admins"]
+        return admins
 
     async def register_producer(self, address: str, group: str, topics: Iterable[str]) -> None:
         wanted = tuple(topics)

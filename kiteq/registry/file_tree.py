@@ -3,13 +3,15 @@
     {"servers":    {topic: [address, ...]},
      "producers":  {topic: {group: [address, ...]}},
      "bindings":   {topic: {group: [binding JSON, ...]}},
+     "admins":     {broker address: admin endpoint URL},
      "heartbeats": {address: unix seconds}}
 
 A file has no sessions to end, so liveness is a timestamp, the file's stand-in for
 ZooKeeper's ephemeral nodes: each process refreshes the heartbeat of the brokers and
 producers it registered, and an address whose heartbeat is older than the TTL (or
-missing) counts as gone. Readers see only live entries (`prune` on their copy);
-writers prune before they write, so the file does not grow with dead processes.
+missing) counts as gone, with the admin endpoint registered under it. Readers see
+only live entries (`prune` on their copy); writers prune before they write, so the
+file does not grow with dead processes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ MAX_PRODUCERS = 64
 
 
 def empty_tree() -> Tree:
-    return {"servers": {}, "producers": {}, "bindings": {}, "heartbeats": {}}
+    return {"servers": {}, "producers": {}, "bindings": {}, "admins": {}, "heartbeats": {}}
 
 
 def is_live(beat: object, now: float, ttl: float) -> bool:
@@ -37,7 +39,10 @@ def is_live(beat: object, now: float, ttl: float) -> bool:
 
 
 def prune(tree: Tree, now: float, ttl: float) -> Tree:
-    """Drop the brokers and producers whose heartbeat expired, and the expired heartbeats (in place)."""
+    """Drop the brokers, admin endpoints and producers whose heartbeat expired, and those heartbeats.
+
+    In place; the tree is returned for chaining.
+    """
     beats = {address: beat for address, beat in tree["heartbeats"].items() if is_live(beat, now, ttl)}
     tree["heartbeats"] = beats
     tree["servers"] = _non_empty(
@@ -49,6 +54,7 @@ def prune(tree: Tree, now: float, ttl: float) -> Tree:
             for topic, groups in tree["producers"].items()
         }
     )
+    tree["admins"] = {address: url for address, url in tree["admins"].items() if address in beats}
     return tree
 
 
@@ -77,6 +83,15 @@ def put_producer(tree: Tree, address: str, group: str, topics: Iterable[str]) ->
         if address not in addresses:
             addresses.append(address)
             del addresses[:-MAX_PRODUCERS]
+
+
+def put_admin(tree: Tree, address: str, url: str) -> None:
+    """Record the admin endpoint of the broker at `address` (one per broker, the last one wins)."""
+    tree["admins"][address] = url
+
+
+def withdraw_admin(tree: Tree, address: str) -> None:
+    tree["admins"].pop(address, None)
 
 
 def withdraw_producer(tree: Tree, address: str, group: str, topics: Iterable[str]) -> None:

@@ -26,6 +26,7 @@ from kiteq.config import BrokerConfig
 from kiteq.delivery_log import DeliveryLog
 from kiteq.errors import AddressInUse
 from kiteq.registry import Registry, open_registry
+from kiteq.registry.admin_url import admin_url
 from kiteq.registry.bindings import Binding
 from kiteq.server.acl import Acl
 from kiteq.server.admin.app import AdminApp
@@ -238,6 +239,10 @@ class Broker:
                 raise AddressInUse(server.admin_bind, "admin_bind") from None
             raise
         self.admin_address = bound[0].removeprefix("http://") if bound else self.config.server.admin_bind
+        # So `kiteq-admin message …` finds every broker; withdrawn when the registry closes.
+        await self.registry.register_admin(
+            self.address, admin_url(self.admin_address, self.address, tls=self.config.tls.enabled)
+        )
 
     async def _register(self) -> None:
         # One at a time, so `run` returns from here only once the node is written and two

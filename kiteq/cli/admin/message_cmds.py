@@ -1,8 +1,18 @@
 """`kiteq-admin message show|list|cancel`: trace, browse and cancel messages on running brokers.
 
-Each broker is asked through its admin endpoint (`GET /messages/{id}`, `GET /messages`):
-the one at `--admin`, plus every `--broker URL` given, since a message lives on the
-broker its producer sent it to.
+A message lives on the broker its producer sent it to, so each command asks several
+brokers, through their admin endpoints (`GET /messages/{id}`, `GET /messages`), in
+this order:
+
+* `--broker URL` given: the one at `--admin`, then each `--broker`;
+* else every admin endpoint registered in `--registry` (brokers register theirs),
+  after `--admin` when that is given. `--admin` alone, with the default registry,
+  asks that one broker only; a default registry that does not exist, or lists no
+  endpoint, falls back to `--admin`, while a `--registry` given that lists none is an
+  error.
+
+A broker that cannot be reached (killed, its registration not yet expired) is skipped
+with a warning on stderr; any other refusal is an error.
 """
 
 from __future__ import annotations
@@ -12,10 +22,16 @@ import datetime
 import sys
 from typing import Any
 
+import trio
+
+from kiteq.cli.admin import DEFAULT_ADMIN, DEFAULT_REGISTRY
 from kiteq.cli.admin.broker_cmds import AdminError, call
 from kiteq.cli.admin.output import emit, print_json
+from kiteq.cli.admin.registry_cmds import connect
+from kiteq.registry.file import RegistryMissing
 
 EXIT_NOT_FOUND = 1
+UNREACHABLE = "cannot reach"  # how `call` begins an AdminError for an endpoint that did not answer
 STATES = ("uncommitted", "scheduled", "committed", "dead")  # finished ones are not stored
 LIST_COLUMNS = [
     "broker",
@@ -31,21 +47,58 @@ BODY_CELL = 40
 
 
 def _brokers(args: argparse.Namespace) -> list[str]:
-    return list(dict.fromkeys([args.admin, *(args.broker or ())]))
+    """The admin endpoints to ask, in order (the module docstring says which)."""
+    if args.broker:
+        return list(dict.fromkeys([args.admin, *args.broker]))
+    registry_given = args.registry != DEFAULT_REGISTRY
+    admin_given = args.admin != DEFAULT_ADMIN
+    if admin_given and not registry_given:
+        return [args.admin]
+    registered = trio.run(_registered, args, registry_given)
+    if not registered and registry_given:
+        raise AdminError(
+            f"no running broker in the registry {args.registry} has registered an admin endpoint "
+            "(admin_bind off, or a broker older than this tool?): pass --admin URL"
+        )
+    first = [args.admin] if admin_given or not registered else []
+    return list(dict.fromkeys([*first, *registered]))
+
+
+async def _registered(args: argparse.Namespace, required: bool) -> list[str]:
+    """The registry's admin endpoints, by broker address; none from a missing file unless `required`."""
+    try:
+        async with connect(args) as registry:
+            admins = await registry.list_admins()
+    except RegistryMissing:
+        if required:
+            raise
+        return []
+    return [admins[address] for address in sorted(admins)]
 
 
 def _at(args: argparse.Namespace, broker: str) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), "admin": broker})
 
 
+def _skip(exc: AdminError, brokers: list[str], *, missing_ok: bool) -> bool:
+    """Whether to go on with the next of `brokers`: this one does not hold the message (404,
+    when `missing_ok`) or, being one of several, did not answer (said on stderr)."""
+    reason = str(exc)
+    if reason.startswith(UNREACHABLE) and len(brokers) > 1:
+        print(f"warning: skipped: {reason}", file=sys.stderr)
+        return True
+    return missing_ok and "(404)" in reason
+
+
 def show(args: argparse.Namespace) -> int | None:
     """The message from the first broker that knows it (a stored state beats `finished`)."""
     found, misses = [], []
-    for broker in _brokers(args):
+    brokers = _brokers(args)
+    for broker in brokers:
         try:
             found.append({"broker": broker, **call(_at(args, broker), "GET", f"/messages/{args.id}")})
         except AdminError as exc:
-            if "(404)" not in str(exc):
+            if not _skip(exc, brokers, missing_ok=True):
                 raise
             misses.append(str(exc))
     if not found:
@@ -94,12 +147,13 @@ def _show_rows(message: dict[str, Any]) -> list[dict[str, Any]]:
 
 def cancel(args: argparse.Namespace) -> int | None:
     """Cancel a scheduled message on the broker that holds it (the others answer 404)."""
-    misses = []
-    for broker in _brokers(args):
+    misses: list[str] = []
+    brokers = _brokers(args)
+    for broker in brokers:
         try:
             call(_at(args, broker), "POST", f"/messages/{args.id}/cancel", json={})
         except AdminError as exc:
-            if "(404)" not in str(exc):
+            if not _skip(exc, brokers, missing_ok=True):
                 print(f"error: {exc}", file=sys.stderr)
                 return EXIT_NOT_FOUND
             misses.append(str(exc))
@@ -121,10 +175,18 @@ def list_messages(args: argparse.Namespace) -> None:
     params = {"topic": args.topic, "group": args.group, "state": args.state, "limit": str(args.limit)}
     params = {key: value for key, value in params.items() if value}
     rows, cursors = [], {}
-    for broker in _brokers(args):
-        page = call(_at(args, broker), "GET", "/messages", params=params)
+    brokers = _brokers(args)
+    for broker in brokers:
+        try:
+            page = call(_at(args, broker), "GET", "/messages", params=params)
+        except AdminError as exc:
+            if not _skip(exc, brokers, missing_ok=False):
+                raise
+            continue
         rows += [{"broker": broker, **row} for row in page["messages"]]
         cursors[broker] = page["cursor"]
+    if not cursors:
+        raise AdminError(f"none of the brokers answered: {', '.join(brokers)}")
     table = [{**row, "body": _cell(row["body"])} for row in rows]
     emit(
         args,
@@ -143,7 +205,7 @@ def _cell(body: dict[str, Any]) -> str:
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     message = subparsers.add_parser(
-        "message", help="trace and browse messages on running brokers (via --admin)"
+        "message", help="trace and browse messages on running brokers (those in --registry, or --admin)"
     )
     actions = message.add_subparsers(dest="message_command", metavar="ACTION", required=True)
     shown = actions.add_parser("show", help="one message: state, groups, body, delivery-log events")
@@ -160,6 +222,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "--broker",
             action="append",
             metavar="URL",
-            help="another broker's admin endpoint to ask as well (repeatable)",
+            help="ask --admin and this admin endpoint instead of the registry's brokers (repeatable)",
         )
         action.set_defaults(func=func)

@@ -3,9 +3,11 @@
 After a session expiry (LOST) ZooKeeper deleted them; kazoo opens a new session and
 `reregister` (the bridge's reconnect hook, on a kazoo-spawned thread) creates them
 again without a restart. A registration made while ZooKeeper is away is remembered
-and applied when it returns. Worker threads and kazoo threads both touch the wanted
-set, so it is kept under one threading lock; what to delete and create is decided by
-`plan`, which does no I/O.
+and applied when it returns. A node carries the data it was registered with (a
+broker's admin URL; empty for the others); registering it again with other data
+re-creates it. Worker threads and kazoo threads both touch the wanted nodes, so they
+are kept under one threading lock; what to delete and create is decided by `plan`,
+which does no I/O.
 """
 
 from __future__ import annotations
@@ -32,18 +34,24 @@ class Plan:
 
 
 def plan(
-    wanted: Collection[str], withdrawn: Collection[str], owners: Mapping[str, int], session: int | None
+    wanted: Collection[str],
+    withdrawn: Collection[str],
+    owners: Mapping[str, int],
+    session: int | None,
+    stale: Collection[str] = (),
 ) -> Plan:
     """Decide from the existing nodes' ephemeral owners (`owners`; a path not in it has no node).
 
     A withdrawn node is deleted only if this session holds it: another's is not ours to
     take. A wanted node held by another session (our own previous run, not yet expired)
-    is replaced, as KiteQ does, or it would vanish when that session expires.
+    is replaced, as KiteQ does, or it would vanish when that session expires; so is a
+    `stale` one, ours but holding data registered before.
     """
-    held = {path for path, owner in owners.items() if owner == session}
+    owned = {path for path, owner in owners.items() if owner == session}
+    held = owned - set(stale)
     missing = sorted(path for path in wanted if path not in held)
     return Plan(
-        delete=[path for path in sorted(withdrawn) if path in held] + [p for p in missing if p in owners],
+        delete=[path for path in sorted(withdrawn) if path in owned] + [p for p in missing if p in owners],
         create=missing,
     )
 
@@ -55,22 +63,23 @@ class Ephemerals:
         self._bridge = bridge
         self._log = log
         self._lock = threading.Lock()
-        self._wanted: set[str] = set()
+        self._wanted: dict[str, bytes] = {}  # path -> data
         self._withdrawn: set[str] = set()
+        self._stale: set[str] = set()  # wanted, but ZooKeeper may hold them with older data
         self._by_key: dict[str, set[str]] = {}
 
-    def add(self, client: KazooClient, paths: set[str], deadline: float) -> None:
-        """Want these nodes too (a producer's)."""
+    def add(self, client: KazooClient, nodes: Mapping[str, bytes], deadline: float) -> None:
+        """Want these nodes (path -> data) too (a producer's)."""
         with self._lock:
-            self._change_locked(client, paths, set(), deadline)
+            self._change_locked(client, nodes, set(), deadline)
 
-    def replace(self, client: KazooClient, key: str, paths: set[str], deadline: float) -> None:
-        """Make `paths` the nodes registered under `key` (a broker's address); withdraw its others."""
+    def replace(self, client: KazooClient, key: str, nodes: Mapping[str, bytes], deadline: float) -> None:
+        """Make `nodes` the ones registered under `key` (a broker's address, a node's path); withdraw its others."""
         with self._lock:
             previous = self._by_key.pop(key, set())
-            if paths:
-                self._by_key[key] = paths
-            self._change_locked(client, paths, previous - paths, deadline)
+            if nodes:
+                self._by_key[key] = set(nodes)
+            self._change_locked(client, nodes, previous - nodes.keys(), deadline)
 
     def reregister(self, client: KazooClient) -> None:
         """The bridge's reconnect hook: re-create what a lost session took."""
@@ -86,8 +95,9 @@ class Ephemerals:
     def withdraw_all(self, client: KazooClient) -> None:
         """The bridge's hook before closing: delete our nodes now, not at session timeout."""
         with self._lock:
-            self._withdrawn |= self._wanted
+            self._withdrawn |= self._wanted.keys()
             self._wanted.clear()
+            self._stale.clear()
             self._by_key.clear()
             if self._bridge.connected:
                 try:
@@ -95,14 +105,24 @@ class Ephemerals:
                 except (*UNREACHABLE, KazooException) as exc:
                     self._log.warning("registry.withdraw_failed", error=repr(exc))
 
-    def _change_locked(self, client: KazooClient, add: set[str], remove: set[str], deadline: float) -> None:
+    def _change_locked(
+        self, client: KazooClient, add: Mapping[str, bytes], remove: set[str], deadline: float
+    ) -> None:
         """Change the wanted nodes and apply; while ZooKeeper is away, apply on reconnect.
 
         `connected` is read under the lock, after the change: a reconnect's `reregister`
         either ran before (and we apply now) or waits for the lock (and applies ours).
         """
-        self._wanted = (self._wanted - remove) | add
-        self._withdrawn = (self._withdrawn | remove) - self._wanted
+        # Ours with other data, or ours to delete still (withdrawn while away): created anew.
+        self._stale |= {
+            path
+            for path, data in add.items()
+            if self._wanted.get(path, data) != data or path in self._withdrawn
+        }
+        for path in remove:
+            self._wanted.pop(path, None)
+        self._wanted.update(add)
+        self._withdrawn = (self._withdrawn | remove) - self._wanted.keys()
         if not self._bridge.connected:
             self._log.warning("registry.registration_deferred", added=len(add), removed=len(remove))
             return
@@ -114,16 +134,17 @@ class Ephemerals:
     def _reconcile_locked(self, client: KazooClient, deadline: float) -> int:
         """Make ZooKeeper hold exactly the wanted nodes; the number (re)created."""
         session = client.client_id[0] if client.client_id else None
-        paths = sorted(self._withdrawn | self._wanted)
+        paths = sorted(self._withdrawn | self._wanted.keys())
         stats = gather([client.exists_async(path) for path in paths], deadline)
         owners = {
             path: stat.ephemeralOwner for path, stat in zip(paths, stats, strict=True) if stat is not None
         }
-        todo = plan(self._wanted, self._withdrawn, owners, session)
+        todo = plan(self._wanted, self._withdrawn, owners, session, self._stale)
         for path in todo.delete:
             with contextlib.suppress(NoNodeError):
                 wait(client.delete_async(path), deadline)
         self._withdrawn.clear()
         for path in todo.create:
-            wait(client.create_async(path, b"", ephemeral=True, makepath=True), deadline)
+            wait(client.create_async(path, self._wanted[path], ephemeral=True, makepath=True), deadline)
+        self._stale.clear()
         return len(todo.create)

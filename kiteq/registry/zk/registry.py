@@ -1,10 +1,10 @@
 """`ZooKeeperRegistry`: the `Registry` interface over KiteQ's tree in ZooKeeper.
 
 What the interface promises on top of the parts: names are checked before anything
-is sent, reads answer from the last value read while ZooKeeper is away, brokers and
-producers are ephemeral nodes that survive a lost session, watches deliver the full
-value. The parts: `bridge` (kazoo <-> Trio), `tree` (paths, reads, writes),
-`ephemerals` (our nodes, re-created after a reconnect).
+is sent, reads answer from the last value read while ZooKeeper is away, brokers, their
+admin endpoints and producers are ephemeral nodes that survive a lost session, watches
+deliver the full value. The parts: `bridge` (kazoo <-> Trio), `tree` (paths, reads,
+writes), `ephemerals` (our nodes, re-created after a reconnect).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from kiteq.registry.base import BindingsCallback, Registry, ServersCallback
 from kiteq.registry.bindings import Binding, merge_binding
 from kiteq.registry.zk.bridge import DEFAULT_OP_TIMEOUT, Bridge, Watch, Work, ZooKeeperUnavailable
 from kiteq.registry.zk.ephemerals import Ephemerals
-from kiteq.registry.zk.tree import Tree, bind_path, node_name, producer_path, server_path
+from kiteq.registry.zk.tree import Tree, admin_path, bind_path, node_name, producer_path, server_path
 from kiteq.registry.zk.uri import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SESSION_TIMEOUT, parse_zk_uri
 
 log = structlog.get_logger(__name__)
@@ -117,10 +117,10 @@ class ZooKeeperRegistry(Registry):
     # -- servers and producers ----------------------------------------------------------
 
     async def register_server(self, address: str, topics: Iterable[str]) -> None:
-        paths = {server_path(self._tree.root, t, address) for t in topics}
+        nodes = dict.fromkeys((server_path(self._tree.root, t, address) for t in topics), b"")
         node_name("address", address)  # also with no topics
         await self._bridge.call(
-            lambda client, deadline: self._ephemerals.replace(client, address, paths, deadline),
+            lambda client, deadline: self._ephemerals.replace(client, address, nodes, deadline),
             offline_ok=True,
         )
 
@@ -138,10 +138,20 @@ class ZooKeeperRegistry(Registry):
             ("servers", topic), lambda client, deadline: self._tree.read_servers(client, deadline, topic)
         )
 
-    async def register_producer(self, address: str, group: str, topics: Iterable[str]) -> None:
-        paths = {producer_path(self._tree.root, t, group, address) for t in topics}
+    async def register_admin(self, address: str, url: str) -> None:
+        path = admin_path(self._tree.root, address)
         await self._bridge.call(
-            lambda client, deadline: self._ephemerals.add(client, paths, deadline), offline_ok=True
+            lambda client, deadline: self._ephemerals.replace(client, path, {path: url.encode()}, deadline),
+            offline_ok=True,
+        )
+
+    async def list_admins(self) -> dict[str, str]:
+        return await self._read(("admins",), self._tree.read_admins)
+
+    async def register_producer(self, address: str, group: str, topics: Iterable[str]) -> None:
+        nodes = dict.fromkeys((producer_path(self._tree.root, t, group, address) for t in topics), b"")
+        await self._bridge.call(
+            lambda client, deadline: self._ephemerals.add(client, nodes, deadline), offline_ok=True
         )
 
     async def list_producers(self) -> dict[str, dict[str, list[str]]]:

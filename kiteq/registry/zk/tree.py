@@ -3,6 +3,7 @@
     {root}/server/{topic}/{host:port}        ephemeral, brokers
     {root}/pub/{topic}/{group}/{host:port}   ephemeral, producers
     {root}/sub/{topic}/{group}-bind          persistent, JSON list of bindings
+    {root}/admin/{host:port}                 ephemeral, a broker's admin URL as data (KiteQ-py only)
 
 `root` is `{chroot}/kiteq`. The path functions do no I/O. `Tree`'s methods are blocking
 kazoo code for a worker thread (`Bridge.call`): independent requests are issued
@@ -39,6 +40,10 @@ def producer_path(root: str, topic: str, group: str, address: str) -> str:
     return (
         f"{root}/pub/{node_name('topic', topic)}/{node_name('group', group)}/{node_name('address', address)}"
     )
+
+
+def admin_path(root: str, address: str) -> str:
+    return f"{root}/admin/{node_name('address', address)}"
 
 
 def bind_path(root: str, topic: str, group: str) -> str:
@@ -82,6 +87,17 @@ class Tree:
             if a:
                 found.setdefault(t, {})[g] = a
         return found
+
+    def read_admins(self, client: KazooClient, deadline: float) -> dict[str, str]:
+        """Broker address -> admin endpoint URL (a node gone between the two reads is skipped)."""
+        base = f"{self.root}/admin"
+        addresses = _children(client, [base], deadline)[0]
+        values = gather([client.get_async(f"{base}/{a}") for a in addresses], deadline)
+        return {
+            a: value[0].decode(errors="replace")
+            for a, value in zip(addresses, values, strict=True)
+            if value is not None
+        }
 
     def read_bindings(
         self,

@@ -1,4 +1,4 @@
-"""The ZooKeeper registry against a real ZooKeeper: tree, watches, outages, sessions."""
+"""The ZooKeeper registry against a real ZooKeeper: tree, admin endpoints, watches, outages, sessions."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ pytestmark = pytest.mark.zookeeper
 
 BROKER_A = "10.0.0.1:13800"
 BROKER_B = "10.0.0.2:13800"
+URL_A = "http://10.0.0.1:13801"
+URL_B = "https://10.0.0.2:13801"
 
 
 def zk_registry(uri: str) -> ZooKeeperRegistry:
@@ -125,6 +127,27 @@ async def test_ephemeral_nodes_vanish_when_the_registry_closes(
         assert not broker.connected and broker.state == "CLOSED"
         assert await observer.list_producers() == {}
         assert client.exists(f"{root}/server/trade") is not None  # intermediate nodes stay (persistent)
+
+
+async def test_admin_endpoints_are_ephemeral_nodes_holding_their_url(
+    zk_uri: str, raw: tuple[KazooClient, str]
+) -> None:
+    client, root = raw
+    async with zk_registry(zk_uri) as observer:
+        broker = zk_registry(zk_uri)
+        async with broker:
+            await broker.register_server(BROKER_A, ["trade"])
+            await broker.register_admin(BROKER_A, "http://old:1")
+            await broker.register_admin(BROKER_A, URL_A)  # registered again: the node holds the new URL
+            await broker.register_admin(BROKER_B, URL_B)  # a broker that serves no topic yet
+            data, stat = client.get(f"{root}/admin/{BROKER_A}")
+            assert data == URL_A.encode() and stat.ephemeralOwner == broker.client_id[0]  # type: ignore[index]
+            assert await observer.list_admins() == {BROKER_A: URL_A, BROKER_B: URL_B}
+            await broker.unregister_server(BROKER_A)  # its topics go; its admin endpoint goes on close
+            assert await observer.list_servers() == {}
+            assert await observer.list_admins() == {BROKER_A: URL_A, BROKER_B: URL_B}
+        assert await observer.list_admins() == {}, "withdrawn on close"
+        assert client.get_children(f"{root}/admin") == []
 
 
 # -- bindings ------------------------------------------------------------------------
@@ -298,6 +321,7 @@ async def test_session_expiry_recreates_ephemeral_nodes(zookeeper: ZooKeeperServ
     ):
         await registry.register_server(BROKER_A, ["trade", "order"])
         await registry.register_producer("10.0.0.9:0", "order-svc", ["trade"])
+        await registry.register_admin(BROKER_A, URL_A)
         await nursery.start(registry.watch_bindings, seen)
         old_session = registry.client_id
         assert old_session is not None
@@ -324,8 +348,10 @@ async def test_session_expiry_recreates_ephemeral_nodes(zookeeper: ZooKeeperServ
 
 
 async def _both_listed(observer: ZooKeeperRegistry) -> bool:
-    return await observer.list_servers() == {"order": [BROKER_A], "trade": [BROKER_A]} and (
-        await observer.list_producers() == {"trade": {"order-svc": ["10.0.0.9:0"]}}
+    return (
+        await observer.list_servers() == {"order": [BROKER_A], "trade": [BROKER_A]}
+        and await observer.list_producers() == {"trade": {"order-svc": ["10.0.0.9:0"]}}
+        and await observer.list_admins() == {BROKER_A: URL_A}
     )
 
 

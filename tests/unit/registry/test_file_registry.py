@@ -220,3 +220,25 @@ async def test_without_create_a_missing_file_is_an_error_and_nothing_is_made(tmp
         await created.add_binding(Binding.fanout("t", group="g"))
     async with FileRegistry(path, create=False) as existing:
         assert len(await existing.list_bindings()) == 1
+
+
+async def test_admin_endpoints_are_listed_kept_alive_expire_and_are_withdrawn_on_close(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    path, clock = tmp_path / "registry.json", Clock()
+    options = FileRegistryOptions(ttl=30.0)
+    async with FileRegistry(path, options, clock=clock) as reader:
+        async with FileRegistry(path, options, clock=clock) as broker:
+            await broker.register_server("b:1", ["trade"])
+            await broker.register_admin("b:1", "http://b:2")
+            await broker.register_admin("c:1", "https://c:2")  # a broker serving no topic yet
+            assert await reader.list_admins() == {"b:1": "http://b:2", "c:1": "https://c:2"}
+            await broker.unregister_server("b:1")  # its topics go; its admin endpoint stays live
+            assert await reader.list_servers() == {}
+            assert await reader.list_admins() == {"b:1": "http://b:2", "c:1": "https://c:2"}
+            clock.now += 10 * options.ttl  # no heartbeat for a while: gone with the broker
+            assert prune(in_file(path), clock.now, options.ttl)["admins"] == {}  # no await: no heartbeat yet
+            await heartbeat_written(path, "b:1", clock.now)  # the keep-alive puts them back
+            assert await reader.list_admins() == {"b:1": "http://b:2", "c:1": "https://c:2"}
+        assert await reader.list_admins() == {}, "withdrawn on close"
+        assert in_file(path)["admins"] == {} and in_file(path)["heartbeats"] == {}

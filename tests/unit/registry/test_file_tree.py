@@ -12,8 +12,10 @@ from kiteq.registry.file_tree import (
     forget,
     is_live,
     prune,
+    put_admin,
     put_producer,
     put_server,
+    withdraw_admin,
     withdraw_producer,
 )
 
@@ -102,3 +104,17 @@ def test_beat_and_forget() -> None:
     assert tree["heartbeats"] == {"a": 10.0, "b": 20.0}
     forget(tree, ["a", "never-there"])
     assert tree["heartbeats"] == {"b": 20.0}
+
+
+def test_an_admin_endpoint_lives_and_expires_with_its_brokers_heartbeat() -> None:
+    tree = empty_tree()
+    put_admin(tree, "b1", "http://b1:1")
+    put_admin(tree, "b2", "http://b2:1")
+    put_admin(tree, "b1", "https://b1:2")  # registered again: the last URL wins
+    beat(tree, ["b1"], 95.0)
+    beat(tree, ["b2"], 60.0)
+    assert prune(tree, 100.0, TTL)["admins"] == {"b1": "https://b1:2"}, "b2's heartbeat expired"
+    withdraw_admin(tree, "b1")
+    withdraw_admin(tree, "never-there")
+    assert tree["admins"] == {}
+    assert "admins" in empty_tree(), "a file from before admin endpoints reads as having none"

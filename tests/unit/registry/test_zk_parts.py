@@ -94,3 +94,12 @@ def test_reconcile_plan(
 
 def test_without_a_session_nothing_is_ours() -> None:
     assert plan({A}, {B}, {A: SESSION, B: SESSION}, None) == Plan(delete=[A], create=[A])
+
+
+def test_a_node_of_ours_with_stale_data_is_replaced() -> None:
+    # A (ours) was registered again with other data; B (ours) was not; C is withdrawn.
+    assert plan({A, B}, {C}, {A: SESSION, B: SESSION, C: SESSION}, SESSION, stale={A}) == Plan(
+        delete=[C, A], create=[A]
+    )
+    # Stale but gone (a lost session): created, nothing to delete.
+    assert plan({A}, set(), {}, SESSION, stale={A}) == Plan(delete=[], create=[A])
