@@ -55,6 +55,8 @@ async def cancel_scheduled(
     store: MessageStore, dispatcher: Dispatcher, events: Events, message_id: str, group: str | None
 ) -> Cancelled:
     """Cancel `message_id` if `refusal` allows it; StoreError propagates."""
+    if message_id in dispatcher.held:
+        return Cancelled(False, "a cancel of this message is under way; ask again")
     dispatcher.held.add(message_id)
     try:
         entity = await store.get(message_id)

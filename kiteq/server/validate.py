@@ -72,6 +72,8 @@ def _deliver_at(entity: MessageEntity, now: float, max_delay: float) -> float:
         raise InvalidMessage(
             f"{DELIVER_AT} is {at - now:.0f} s ahead, beyond this broker's max_delay of {max_delay:.0f} s"
         )
+    if entity.fly and at > now:
+        raise InvalidMessage(f"a fly message is never stored, so it cannot wait for {DELIVER_AT}")
     if 0 < entity.expired_time < at:
         raise InvalidMessage(f"expiredTime is before {DELIVER_AT}: the message would expire before it is due")
     return at

@@ -68,6 +68,12 @@ def test_validation_refuses_a_bad_schedule(
         validate_message(entity(deliver_at, expired_time=expired_time), NOW, Limits(max_delay=max_delay))
 
 
+def test_a_fly_message_cannot_wait() -> None:
+    with pytest.raises(InvalidMessage, match="fly message is never stored"):
+        validate_message(entity(format_deliver_at(NOW + 60), fly=True), NOW)
+    validate_message(entity(format_deliver_at(NOW - 60), fly=True), NOW)  # due already: fine
+
+
 @pytest.mark.parametrize(
     ("deliver_at", "expired_time", "expected_expiry"),
     [
