@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from protocol.schedule import DELIVER_AT, format_deliver_at
 from stores import MessageStore
 from tests.contract.test_store_contract import all_pages, new_entity, reopen
@@ -124,8 +122,6 @@ async def test_an_uncommitted_scheduled_message_may_be_cancelled(store: MessageS
 
 
 async def test_schedules_survive_a_reopen(store: MessageStore, store_uri: str) -> None:
-    if not store.durable:
-        pytest.skip("this store keeps nothing across a restart")
     base = time.time()
     waiting, committed_later = scheduled(base + 500), scheduled(base + 800, commit=False)
     delivered = scheduled(base + 50)
@@ -136,6 +132,9 @@ async def test_schedules_survive_a_reopen(store: MessageStore, store_uri: str) -
     assert await store.update_delivery(delivered.message_id, ["g"], [], 1, base + 60)
     store = await reopen(store, store_uri)
     try:
+        if not store.durable:  # it keeps nothing, schedules included, and says so
+            assert (await store.stats()).scheduled_by_topic == {}
+            return
         assert (await store.stats()).scheduled_by_topic == {"trade": 2}
         assert await due_ids(store, base + 499) == {delivered.message_id}
         assert await due_ids(store, base + 800) == {
