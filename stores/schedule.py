@@ -91,10 +91,8 @@ class Schedule(Generic[K]):
     def add(self, message_id: str, topic: K, at: float) -> None:
         if at <= self.promoted:
             self._due_of(topic).add(message_id)
-            return
-        self.timers.add(message_id, at)
-        if bucket(at) == bucket(self.promoted):
-            self._partial = min(self._partial, at)
+        else:
+            self._wait(message_id, at)
 
     def discard(self, message_id: str, topic: K) -> None:
         """Forget a due id; a waiting one goes stale in its bucket and is dropped when popped."""
@@ -105,10 +103,8 @@ class Schedule(Generic[K]):
     def rebuild(self, promoted: float, due: dict[K, list[str]], waiting: Iterable[tuple[str, float]]) -> None:
         """Replace everything at once (recovery): the ids due at `promoted` per topic, in any
         order, and (id, next_deliver_at) of the others."""
-        self.timers.clear()
-        self.promoted, self._partial = promoted, math.inf
-        for message_id, at in waiting:
-            self._wait(message_id, at)
+        self.promoted = promoted
+        self.compact(waiting)
         self.due = {topic: SortedIds(ids) for topic, ids in due.items()}
 
     def compact(self, waiting: Iterable[tuple[str, float]]) -> None:
