@@ -93,7 +93,8 @@ async def test_a_message_is_traced_and_browsed_and_a_group_that_went_away_shows_
 
     assert detail["state"] == "committed" and detail["deliver_count"] >= 1
     assert detail["groups"]["g1"]["acked"] and not detail["groups"]["gone"]["acked"]
-    assert [e["event"] for e in detail["events"]][:1] == ["stored"]
+    # Delivery starts while the store syncs, so `delivered` may be logged before `stored` (durable).
+    assert "stored" in {e["event"] for e in detail["events"]}
     assert {"delivered", "acked"} <= {e["event"] for e in detail["events"] if e.get("group") == "g1"}
     assert preview["body"]["encoding"] == "base64" and preview["body"]["truncated"]
     assert preview["body"]["bytes"] == 1200 and len(preview["body"]["text"]) == 24  # 16 bytes in base64
