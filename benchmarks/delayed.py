@@ -26,7 +26,6 @@ unless the broker delivered early, which each phase counts. Phases, each on a fr
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from pathlib import Path
 import trio
 
 from benchmarks.clients.workload import CONSUMER_GROUP, MESSAGE_TYPE, TOPIC
-from benchmarks.harness import Figure
+from benchmarks.harness import Figure, Report, client_report
 from benchmarks.versus_rabbitmq import Usage
 from kiteq import Binding
 from kiteq.registry import open_registry
@@ -85,17 +84,8 @@ class Sizes:
         return cls(messages or 1_000_000, 60.0, 30.0, 5.0, 20_000, 100_000, 2_000.0, 20.0, 5.0)
 
 
-Report = dict[str, float]
-
-
 def _report(client: subprocess.Popen[str]) -> Report:
-    """The client's JSON report; an incomplete run is an error (its report says how far it got)."""
-    out, _ = client.communicate(timeout=CLIENT_TIMEOUT + 60)
-    last = out.strip().rpartition("\n")[2]
-    if client.returncode or not last.startswith("{"):
-        raise RuntimeError(f"{client.args!r} exited {client.returncode}: {last}")
-    report: Report = json.loads(last)
-    return report
+    return client_report(client, CLIENT_TIMEOUT + 60)
 
 
 def _ready(consumer: subprocess.Popen[str]) -> subprocess.Popen[str]:

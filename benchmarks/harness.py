@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import statistics
+import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -20,6 +22,20 @@ class Figure:
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
+
+
+Report = dict[str, float]
+
+
+def client_report(client: subprocess.Popen[str], timeout: float) -> Report:
+    """A client process's JSON report, its last line; an incomplete run is an error (its
+    report says how far it got)."""
+    out, _ = client.communicate(timeout=timeout)
+    last = out.strip().rpartition("\n")[2]
+    if client.returncode or not last.startswith("{"):
+        raise RuntimeError(f"{client.args!r} exited {client.returncode}: {last}")
+    report: Report = json.loads(last)
+    return report
 
 
 def median_of(repeats: int, measure: Callable[[], float]) -> tuple[float, list[float]]:

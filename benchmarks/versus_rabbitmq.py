@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
 import shutil
 import signal
@@ -41,7 +40,7 @@ from pathlib import Path
 import trio
 
 from benchmarks.clients.workload import BODY, CONSUMER_GROUP, MESSAGE_TYPE, TOPIC
-from benchmarks.harness import Figure
+from benchmarks.harness import Figure, Report, client_report
 from kiteq import Binding
 from kiteq.registry import open_registry
 from tests.procs.broker import BrokerProcess
@@ -136,17 +135,8 @@ def _client(side: Side, role: str, count: int, *options: str) -> subprocess.Pope
     )
 
 
-Report = dict[str, float]
-
-
 def _report(client: subprocess.Popen[str]) -> Report:
-    """The client's JSON report; an incomplete run is an error (its report says how far it got)."""
-    out, _ = client.communicate(timeout=CLIENT_TIMEOUT + 60)
-    last = out.strip().rpartition("\n")[2]
-    if client.returncode or not last.startswith("{"):
-        raise RuntimeError(f"{client.args!r} exited {client.returncode}: {last}")
-    report: Report = json.loads(last)
-    return report
+    return client_report(client, CLIENT_TIMEOUT + 60)
 
 
 def _subscribed(side: Side, count: int) -> subprocess.Popen[str]:

@@ -17,6 +17,7 @@ import time
 
 import trio
 
+from benchmarks.clients.kiteq_client import release
 from benchmarks.clients.workload import PRODUCER_GROUP, TOPIC, Sends, emit
 from benchmarks.harness import percentile
 from kiteq import Binding, Consumer, Message, MessageListener, Producer
@@ -61,14 +62,6 @@ async def schedule(args: argparse.Namespace) -> dict[str, object]:
     tickets_in, tickets = trio.open_memory_channel[int](math.inf)
     async with Producer(args.target, group=PRODUCER_GROUP, topics=[TOPIC], send_timeout=30) as producer:
 
-        async def release() -> None:
-            async with tickets_in:
-                for index in range(sends.count):
-                    delay = sends.delay(index)
-                    if delay > 0:
-                        await trio.sleep(delay)
-                    tickets_in.send_nowait(index)
-
         async def sender() -> None:
             async for index in tickets:
                 message = Message(TOPIC, args.type, sends.body(index))
@@ -80,7 +73,7 @@ async def schedule(args: argparse.Namespace) -> dict[str, object]:
         sends.start()
         with trio.move_on_after(args.timeout):
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(release)
+                nursery.start_soon(release, sends, tickets_in)
                 for _ in range(args.window):
                     nursery.start_soon(sender)
     return {**sends.report(), "stored_late": plan.stored_late}

@@ -28,18 +28,19 @@ from kiteq.logging import configure_logging
 from tests.faults.resend import send_until_stored
 
 
+async def release(sends: Sends, tickets_in: trio.MemorySendChannel[int]) -> None:
+    """Hand out send numbers as they fall due: one wake-up releases all that are due."""
+    async with tickets_in:
+        for index in range(sends.count):
+            delay = sends.delay(index)
+            if delay > 0:
+                await trio.sleep(delay)
+            tickets_in.send_nowait(index)
+
+
 async def produce(target: str, sends: Sends, window: int, timeout: float) -> dict[str, object]:
     tickets_in, tickets = trio.open_memory_channel[int](math.inf)
     async with Producer(target, group=PRODUCER_GROUP, topics=[TOPIC], send_timeout=30) as producer:
-
-        async def release() -> None:
-            """Hand out send numbers as they fall due: one wake-up releases all that are due."""
-            async with tickets_in:
-                for index in range(sends.count):
-                    delay = sends.delay(index)
-                    if delay > 0:
-                        await trio.sleep(delay)
-                    tickets_in.send_nowait(index)
 
         async def sender() -> None:
             async for index in tickets:
@@ -52,7 +53,7 @@ async def produce(target: str, sends: Sends, window: int, timeout: float) -> dic
         sends.start()
         with trio.move_on_after(timeout):
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(release)
+                nursery.start_soon(release, sends, tickets_in)
                 for _ in range(window):
                     nursery.start_soon(sender)
     return sends.report()
