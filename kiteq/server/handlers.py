@@ -1,7 +1,8 @@
-"""What the broker does with a client's requests: store messages, apply tx decisions.
+"""What the broker does with a client's requests: store messages, apply tx decisions,
+cancel scheduled messages.
 
-A message's path reads top to bottom in `produce`: validate -> authorize -> save ->
-ack -> dispatch. The connection a request came on is seen only through `Requester`
+A message's path reads top to bottom in `produce`: validate -> authorize -> stage ->
+dispatch -> durable -> ack. The connection a request came on is seen only through `Requester`
 (who it is, and how to answer it), so this module knows nothing of sockets.
 """
 
@@ -70,11 +71,13 @@ class Handlers:
         self.limits = Limits(max_delay=dispatcher.config.max_delay)
 
     async def produce(self, requester: Requester, requests: Sequence[MessageReceived]) -> None:
-        """Validate, store, ack, then dispatch the messages of one read.
+        """Validate, stage, dispatch, then ack the messages of one read once durable.
 
-        They are saved together (one fsync, one INSERT), and each is acked only once the
-        store has it. Acks go out before dispatch: with a window of sends in flight, how
-        fast a producer's next messages arrive depends on how soon its acks leave.
+        They are saved together (one fsync, one INSERT). A message goes to its groups as
+        soon as the store holds it, while the store syncs it (`stage_many`), and is acked
+        only once it is as durable as the store promises: a consumer never waits on an
+        fsync, a producer's store-ack always does. A delayed one (`kiteq.deliverAt`
+        ahead) is stored due then, and the recover loop is told when.
         """
         now = self.clock()
         pending: list[tuple[int, MessageEntity, bytes]] = []
