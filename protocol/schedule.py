@@ -37,10 +37,16 @@ def parse_deliver_at(text: str) -> float:
 def deliver_at_of(properties: Mapping[str, str]) -> float | None:
     """The delivery time a message asks for (Unix seconds), None if it asks for none.
 
-    Only for messages the broker already validated: a malformed value raises.
+    A malformed value also reads as none: the broker refuses such a message before it is
+    stored (`parse_deliver_at` says why), so only a received or hand-made one can hold it.
     """
     text = properties.get(DELIVER_AT) if properties else None
-    return None if text is None else parse_deliver_at(text)
+    if text is None:
+        return None
+    try:
+        return parse_deliver_at(text)
+    except BadDeliverAt:
+        return None
 
 
 def format_deliver_at(at: float) -> str:

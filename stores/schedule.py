@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator
 from typing import Generic, TypeVar
 
-from protocol.schedule import BadDeliverAt, deliver_at_of
+from protocol.schedule import deliver_at_of
 from stores.entity import MessageEntity
 from stores.sortedids import SortedIds
 
@@ -174,10 +174,7 @@ def scheduled_at(entity: MessageEntity) -> float | None:
     round is recorded. A value validation would refuse never reaches a store from the
     broker; from elsewhere it just means "not scheduled".
     """
-    try:
-        at = deliver_at_of(entity.properties)
-    except BadDeliverAt:
-        return None
+    at = deliver_at_of(entity.properties)
     return at if at is not None and at > entity.created_at else None
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from kiteq.client.compression import compress as snappy_compress
 from protocol import Cmd, pb
-from protocol.schedule import DELIVER_AT, BadDeliverAt, format_deliver_at, parse_deliver_at
+from protocol.schedule import DELIVER_AT, deliver_at_of, format_deliver_at
 
 # Set by the broker on every delivery (see kiteq.server.delivery.rounds).
 DELIVER_COUNT_PROPERTY = "kiteq.deliverCount"
@@ -77,11 +77,7 @@ class Message:
     @property
     def deliver_at(self) -> float | None:
         """When the message asked to be delivered (Unix seconds; property kiteq.deliverAt), if it did."""
-        text = self.properties.get(DELIVER_AT)
-        try:
-            return None if text is None else parse_deliver_at(text)
-        except BadDeliverAt:
-            return None
+        return deliver_at_of(self.properties)
 
     def schedule(self, at: float) -> None:
         """Ask for delivery no earlier than Unix time `at` (sets the kiteq.deliverAt property)."""

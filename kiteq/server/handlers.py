@@ -127,7 +127,6 @@ class Handlers:
         # Acked only now: a store-ack says the message is as durable as the store promises.
         for (opaque, entity, _), stored in zip(pending, staged.saved, strict=True):
             requester.store_ack(opaque, entity.message_id, True, STORED if stored else STORED_BEFORE)
-        for (_, entity, _), stored in zip(pending, staged.saved, strict=True):
             if not stored:
                 continue
             groups = self.dispatcher.target_groups(entity) if self.events.recorded else None

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kiteq.registry.bindings import Binding
+from stores.schedule import HOUR
 from stores.waiting import Waiting
 
 
@@ -133,8 +134,8 @@ def scheduled_summary(by_topic: Mapping[str, int], by_hour: Mapping[int, int], n
     begun counts what is due in it or overdue); what falls due after them is summed in
     `later`, so the answer stays small however far ahead messages are scheduled.
     """
-    first_hour = int(now // 3600) * 3600
-    last_shown = first_hour + (SCHEDULED_HOURS_SHOWN - 1) * 3600
+    first_hour = int(now // HOUR) * HOUR
+    last_shown = first_hour + (SCHEDULED_HOURS_SHOWN - 1) * HOUR
     hours: dict[int, int] = {}
     later = 0
     for start, count in by_hour.items():

@@ -35,7 +35,7 @@ from stores.errors import StoreError
 from stores.file.messages import COMMIT, DEAD, NO_GROUPS, SCHEDULED, Head, check_i32
 from stores.file.ops import Op
 from stores.file.records import RecordType
-from stores.schedule import Schedule, ScheduledCounts, scheduled_at
+from stores.schedule import Schedule, ScheduledCounts
 from stores.sortedids import SortedIds
 from stores.waiting import Waiting, WaitingTracker, summarize
 
@@ -166,20 +166,18 @@ class Index:
             head.flags & ENTRY_FLAGS,
         )
 
-    def prepare(self, entity: MessageEntity) -> tuple[int, int, int, int]:
+    def prepare(self, entity: MessageEntity, record_flags: int) -> tuple[int, int, int, int]:
         """(topic, groups, reason, flags) numbers of a message about to be saved.
 
         Called before its record is reserved, so a value the index cannot hold fails
-        the save before anything reaches the disk.
+        the save before anything reaches the disk. `record_flags`: its MESSAGE record's;
+        the entry keeps ENTRY_FLAGS of them, as recovery does (`entry_for`).
         """
         groups = 0
         if entity.succ_groups or entity.fail_groups:
             groups = self.groups.number((tuple(entity.succ_groups), tuple(entity.fail_groups)))
         reason = self.reasons.number(entity.dead_reason) if entity.dead_reason else 0
-        flags = (COMMIT if entity.commit else 0) | (DEAD if entity.dead else 0)
-        if scheduled_at(entity) is not None:
-            flags |= SCHEDULED
-        return self.topics.number(entity.topic), groups, reason, flags
+        return self.topics.number(entity.topic), groups, reason, record_flags & ENTRY_FLAGS
 
     def add(
         self,

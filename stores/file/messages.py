@@ -19,6 +19,7 @@ from stores.errors import StoreError
 from stores.schedule import scheduled_at
 
 HEAD = struct.Struct("<ddqqiiBBHHHHHHII")
+_FLAGS_AT = struct.calcsize("<ddqqiiB")  # the flags byte's offset in a MESSAGE payload
 _LEN = struct.Struct("<I")
 _COUNT = struct.Struct("<H")
 _U16_MAX = 0xFFFF
@@ -142,6 +143,11 @@ def encode_message(entity: MessageEntity) -> bytes:
             f"their fields and strings {_U16_MAX} bytes ({sizes})"
         ) from exc
     return b"".join((head, a, b, c, d, e, f, props, groups, entity.body))
+
+
+def flags_of(payload: bytes) -> int:
+    """The flags of a MESSAGE payload (as `encode_message` wrote them)."""
+    return payload[_FLAGS_AT]
 
 
 def decode_head(data: bytes, start: int) -> Head:

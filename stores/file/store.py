@@ -51,7 +51,7 @@ from stores.file import layout, records
 from stores.file.cache import PayloadCache
 from stores.file.index import Entry, Index
 from stores.file.lock import DirectoryLock
-from stores.file.messages import decode_message, encode_message
+from stores.file.messages import decode_message, encode_message, flags_of
 from stores.file.ops import Op, encode_op
 from stores.file.options import FileStoreOptions, parse_uri
 from stores.file.records import RecordType
@@ -222,7 +222,7 @@ class FileStore(MessageStore):
             return None
         payload = encode_message(entity)
         record = records.encode(RecordType.MESSAGE, payload)
-        prepared = self._index.prepare(entity)
+        prepared = self._index.prepare(entity, flags_of(payload))
         segment, offset, batch = writer.append_message(record, durable=True)
         if segment.number not in self._segments:
             self._rotated(segment)

@@ -31,6 +31,10 @@ MAX_IDLE = 30.0
 MIN_GAP = 0.05
 DUE_RESOLUTION = 0.05  # retries falling due this close together share one pass
 MAX_TICKS = 1024  # wake-ups remembered; later ones are found again through the store
+# Wall-clock times near 1.8e9 carry about 0.2 µs of rounding (0.4 s from now reads
+# 0.4000001): a time within half of this after a tick counts as that tick, and the loop
+# wakes this long after a tick, so it never wakes before a time it was asked for.
+CLOCK_SLACK = 1e-6
 
 
 class RecoverSignal:
@@ -52,9 +56,8 @@ class RecoverSignal:
 
     def retry_at(self, when: float) -> None:
         """A retry falls due at wall-clock time `when`: a pass will run then."""
-        # Less 5 µs: a time on a tick is that tick, although wall-clock times (ulp 0.2 µs in
-        # this century) put 0.4 s from now at 0.4000001.
-        tick = math.ceil((trio.current_time() + max(0.0, when - self.clock())) / DUE_RESOLUTION - 1e-4)
+        at = trio.current_time() + max(0.0, when - self.clock()) - CLOCK_SLACK / 2
+        tick = math.ceil(at / DUE_RESOLUTION)
         if tick not in self._due_ticks:
             self._due_ticks.add(tick)
             if len(self._due_ticks) > 2 * MAX_TICKS:
@@ -69,8 +72,7 @@ class RecoverSignal:
         """Until `idle` passes, `wake()` is called, or the next retry falls due."""
         until = trio.current_time() + idle
         while not self._woken:
-            # A microsecond past the tick: tick * DUE_RESOLUTION may fall a hair before it.
-            deadline = min(until, min(self._due_ticks, default=math.inf) * DUE_RESOLUTION + 1e-6)
+            deadline = min(until, min(self._due_ticks, default=math.inf) * DUE_RESOLUTION + CLOCK_SLACK)
             if trio.current_time() >= deadline:
                 break
             self._event = trio.Event()
