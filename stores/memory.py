@@ -55,8 +55,7 @@ class MemoryStore(MessageStore):
             self._schedule.add(entity.message_id, entity.topic, entity.next_deliver_at)
             if entity.message_id in self._scheduled_ids:
                 self._scheduled.add(entity.topic, entity.next_deliver_at)
-            if self._schedule.timers.slots > 2 * len(self._messages) + 4096:
-                self._schedule.compact(self._not_yet_due())
+            self._schedule.tidy(len(self._messages), self._not_yet_due)
 
     def _unlink(self, entity: MessageEntity) -> None:
         self._ids_of(entity).discard(entity.message_id)

@@ -107,9 +107,15 @@ class Schedule(Generic[K]):
         self.compact(waiting)
         self.due = {topic: SortedIds(ids) for topic, ids in due.items()}
 
+    def tidy(self, stored: int, waiting: Callable[[], Iterable[tuple[str, float]]]) -> None:
+        """Compact once the buckets hold far more ids than the owner's `stored` messages:
+        rescheduling leaves stale ids behind. `waiting()` lists what still waits."""
+        if self.timers.slots > 2 * stored + 4096:
+            self.compact(waiting())
+
     def compact(self, waiting: Iterable[tuple[str, float]]) -> None:
         """Drop the stale ids rescheduling leaves in buckets: `waiting` is every (id, at) still
-        waiting, at > promoted. The owner calls it when `timers.slots` far exceeds its size."""
+        waiting, at > promoted."""
         self.timers.clear()
         self._partial = math.inf
         for message_id, at in waiting:

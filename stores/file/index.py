@@ -334,8 +334,7 @@ class Index:
             if flags & SCHEDULED:
                 self.scheduled.add(topic, at)
             self.schedule.add(message_id, topic, at)
-            if self.schedule.timers.slots > 2 * len(self.entries) + 4096:
-                self.schedule.compact(self._waiting())
+            self.schedule.tidy(len(self.entries), self._not_yet_due)
 
     def _unlink(self, message_id: str, entry: Entry, *, listed: bool = False) -> None:
         _decrement(self.segment_live, entry.segment)
@@ -356,7 +355,7 @@ class Index:
                 self.scheduled.remove(entry.topic, entry.next_deliver_at)
             self.schedule.discard(message_id, entry.topic)
 
-    def _waiting(self) -> Iterator[tuple[str, float]]:
+    def _not_yet_due(self) -> Iterator[tuple[str, float]]:
         """(id, next_deliver_at) of every committed, live message not yet due."""
         promoted = self.schedule.promoted
         for message_id, raw in self.entries.items():

@@ -77,3 +77,11 @@ def test_counts_by_topic_and_hour_go_back_to_nothing() -> None:
     counts.remove("t", T0 + 10)
     counts.remove("t", T0 + 7200)
     assert not counts.by_topic and not counts.by_hour
+
+
+def test_tidy_compacts_only_when_stale_ids_far_outnumber_the_stored() -> None:
+    schedule, times = schedule_of({str(i): T0 + 1 + i for i in range(5000)})
+    schedule.tidy(len(times), lambda: [])
+    assert schedule.timers.slots == 5000, "as many slots as messages: nothing to drop"
+    schedule.tidy(10, lambda: [("3", T0 + 4)])
+    assert schedule.timers.slots == 1
