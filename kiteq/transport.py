@@ -15,13 +15,18 @@ per frame (the cost on loopback is per send, not per byte). The outbox is bounde
 in bytes; a peer that stops reading past that bound is disconnected rather than
 allowed to grow our memory.
 
-Under load, one send per wake-up can still be one send per frame: an ack arrives,
-one delivery goes out, its ack comes back alone. So while the owner expects more
-frames (`expect_more`: requests in flight on this connection), the writer first lets
-every task that is ready to run now take its turn — readers handling a read's worth
-of frames, handlers finishing a save — and then sends everything they queued in one
-call. It never waits on a timer: a frame queued on an idle path goes out as soon as
-the writer runs, and what coalesces is only what was queued at the same moment.
+Under load, one send per wake-up can still be one send per frame: a store-ack goes
+out, the next request comes in alone. So while the owner expects more frames
+(`expect_more`: requests in flight on this connection) and only control frames wait,
+the writer first lets every task that is ready to run now take its turn — readers
+handling a read's worth of frames, handlers finishing a save — and then sends
+everything they queued in one call. Bulk frames do not wait for that: the broker's
+pump queues deliveries in bursts already, and the tasks ready beside it are mostly the
+broker's bookkeeping (outcomes to store, pages to read), so waiting for them kept the
+consumer idle while the broker worked, and the two took turns instead of overlapping
+(measured: draining a backlog went 1.4x faster without that wait). It never waits on a
+timer: a frame queued on an idle path goes out as soon as the writer runs, and what
+coalesces is only what was queued at the same moment.
 """
 
 from __future__ import annotations
@@ -101,7 +106,7 @@ class FramedStream:
                     await self._wakeup.wait()
                     self._wakeup = trio.Event()
                     continue
-                if self._outbox_bytes + self.bulk_bytes < FLUSH_NOW_BYTES and self.expect_more():
+                if not self._bulk and self._outbox_bytes < FLUSH_NOW_BYTES and self.expect_more():
                     await trio.lowlevel.checkpoint()  # the tasks ready now add their frames first
                 batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
                 tokens = self._take_bulk(batch)

@@ -62,6 +62,13 @@ class Histogram:
         self.total = 0.0
         self.max = 0.0
 
+    def add(self, other: Histogram) -> None:
+        """Count `other`'s observations in this one too."""
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.count += other.count
+        self.total += other.total
+        self.max = max(self.max, other.max)
+
     def percentile(self, q: float) -> float | None:
         """The value below which a fraction `q` of the observations fall; None when empty.
 
@@ -102,21 +109,33 @@ class Histogram:
 
 
 class Window:
-    """A cumulative histogram and the last closed interval's; `roll` closes the interval."""
+    """The open interval's histogram, the last closed one's, and every closed one's together.
 
-    __slots__ = ("cumulative", "current", "last")
+    An observe touches one histogram (it runs per ack); `cumulative` adds the open
+    interval to the closed ones when read (/stats, /metrics), and `roll` closes it.
+    """
+
+    __slots__ = ("closed", "current", "last")
 
     def __init__(self) -> None:
-        self.cumulative = Histogram()
+        self.closed = Histogram()
         self.current = Histogram()
         self.last = Histogram()
 
     def observe(self, seconds: float) -> None:
-        self.cumulative.observe(seconds)
         self.current.observe(seconds)
+
+    @property
+    def cumulative(self) -> Histogram:
+        """Every observation since start."""
+        total = Histogram()
+        total.add(self.closed)
+        total.add(self.current)
+        return total
 
     def roll(self) -> None:
         # Swap instead of copying: the memory stays three histograms.
+        self.closed.add(self.current)
         self.last, self.current = self.current, self.last
         self.current.clear()
 

@@ -84,7 +84,8 @@ class BrokerMetrics(Collector):
         store = HistogramMetricFamily(
             "kiteq_store_save_seconds", "Time the store took to save a produced message (successful saves)."
         )
-        store.add_metric((), _buckets(self.latency.store.cumulative), self.latency.store.cumulative.total)
+        saves = self.latency.store.cumulative
+        store.add_metric((), _buckets(saves), saves.total)
         yield store
         latency = self.latency
         for name, doc, by_group in (
@@ -97,7 +98,8 @@ class BrokerMetrics(Collector):
         ):
             family = HistogramMetricFamily(name, doc, labels=("group",))
             for group, window in latency.groups(by_group).items():
-                family.add_metric((group,), _buckets(window.cumulative), window.cumulative.total)
+                histogram = window.cumulative
+                family.add_metric((group,), _buckets(histogram), histogram.total)
             yield family
         quantiles = GaugeMetricFamily(
             "kiteq_latency_quantile_seconds",

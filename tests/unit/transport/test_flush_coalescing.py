@@ -4,6 +4,8 @@ waits on a timer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 import trio.testing
 
@@ -84,3 +86,43 @@ async def _queued_by_two_tasks(expect_more: bool) -> list[bytes]:
 async def test_under_load_frames_of_tasks_ready_together_share_a_send(autojump_clock: trio.abc.Clock) -> None:
     [sent] = await _queued_by_two_tasks(expect_more=True)
     assert sent[:1] == b"w" and sorted(sent[1:]) == [ord("x"), ord("y")], "one send; the two in Trio's order"
+
+
+class WriterSteps(trio.abc.Instrument):
+    """Counts the steps the write loop's task takes (a step: running until its next await)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith("write_loop"):
+            self.steps += 1
+
+
+async def _steps_from_wake_to_send(queue: Callable[[FramedStream], None]) -> int:
+    """Steps the writer takes from being woken by `queue` to calling send_all, under load."""
+    steps = WriterSteps()
+    at_send: list[int] = []
+
+    class CountingStream(RecordingStream):
+        async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+            at_send.append(steps.steps)
+            await super().send_all(data)
+
+    framed = FramedStream(CountingStream(), expect_more=lambda: True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(framed.write_loop)
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.add_instrument(steps)
+        queue(framed)
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.remove_instrument(steps)
+        framed.finish()
+    return at_send[0]
+
+
+async def test_deliveries_go_out_without_letting_other_ready_tasks_run_first() -> None:
+    # A pump queues deliveries in bursts already; letting every ready task run first put the
+    # consumer's next deliveries behind the broker's bookkeeping (outcomes, pages to read).
+    assert await _steps_from_wake_to_send(lambda framed: framed.send(b"ack")) == 2, "control: one yield"
+    assert await _steps_from_wake_to_send(lambda framed: framed.send_bulk(b"delivery", None)) == 1
