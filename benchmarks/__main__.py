@@ -21,6 +21,7 @@ SUITES = [
     "end_to_end",
     "reconcile",
     "versus_rabbitmq",
+    "backlog",
     "delayed",
 ]
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--messages",
         type=int,
-        help="messages per throughput phase, for the suites that take it (versus_rabbitmq)",
+        help="messages per throughput phase, for the suites that take it (versus_rabbitmq, backlog)",
     )
     parser.add_argument(
         "--out", type=Path, help="JSON file to write (default benchmarks/results/<time>.json)"

@@ -368,8 +368,9 @@ class Index:
         raw = self.entries.get(message_id)
         if raw is None:
             return None
-        entry = unpack(raw)
-        return (entry.topic, entry.next_deliver_at) if entry.committed_live else None
+        # Unpacked to a plain tuple: a promotion asks this of every id that came due.
+        _, _, _, at, _, _, topic, _, _, flags = ENTRY.unpack(raw)
+        return (topic, at) if flags & STATE_FLAGS == COMMIT else None
 
     def rebuild(self, promoted: float) -> None:
         """Derive every structure from `entries` in one pass (after recovery), then track changes."""
