@@ -103,30 +103,44 @@ class FrameDecoder:
         return len(self._buffer)
 
     def feed(self, data: bytes | bytearray) -> list[Frame]:
-        """Add `data` and return every frame now complete, in order."""
+        """Add `data` and return every frame now complete, in order.
+
+        With nothing held over from the last read (the usual case) frames are cut from
+        `data` itself: each body is copied once, not appended to the buffer first and
+        then copied out of it twice.
+        """
         if self._error is not None:
             raise self._error
-        self._buffer += data
+        held = self._buffer
+        source: bytes | bytearray
+        if held or type(data) is not bytes:
+            held += data
+            source = held
+        else:
+            source = data
         frames: list[Frame] = []
-        buffer = self._buffer
         offset = 0
-        end = len(buffer)
+        end = len(source)
         max_body = self.max_body
         try:
             while end - offset >= HEADER_SIZE:
-                opaque, cmd, _version, _extension, body_len = HEADER.unpack_from(buffer, offset)
+                opaque, cmd, _version, _extension, body_len = HEADER.unpack_from(source, offset)
                 if not 0 <= body_len <= max_body or cmd not in _CMDS:
                     self._reject_header(opaque, cmd, body_len)
                 frame_end = offset + HEADER_SIZE + body_len
                 if frame_end > end:
                     break
-                frames.append(Frame(opaque, _CMDS[cmd], bytes(buffer[offset + HEADER_SIZE : frame_end])))
+                body = source[offset + HEADER_SIZE : frame_end]
+                frames.append(Frame(opaque, _CMDS[cmd], body if isinstance(body, bytes) else bytes(body)))
                 offset = frame_end
         except ProtocolError:
             if not frames:
                 raise
         finally:
-            del buffer[:offset]
+            if source is held:
+                del held[:offset]
+            elif offset < end:
+                held += source[offset:]
         return frames
 
     def check(self) -> None:

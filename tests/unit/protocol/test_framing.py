@@ -142,3 +142,7 @@ def test_any_split_of_valid_frames_decodes_them_all(cmds: list[Cmd], chunk: int)
     decoder = FrameDecoder()
     frames = [f for i in range(0, len(stream), chunk) for f in decoder.feed(stream[i : i + chunk])]
     assert [(f.opaque, f.cmd) for f in frames] == list(enumerate(cmds))
+    # Cut from a read or from what was held over, a body is the same immutable bytes.
+    assert [f.body for f in frames] == [SAMPLES[cmd].SerializeToString() for cmd in cmds]
+    assert all(type(f.body) is bytes for f in frames)
+    assert decoder.buffered == 0
