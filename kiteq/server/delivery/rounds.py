@@ -73,9 +73,7 @@ class Round:
         elif sent:
             body = sent + _header_update(entity)
         else:
-            wire = entity.to_wire()
-            wire.header.properties.add(key=DELIVER_COUNT_PROPERTY, value=str(entity.deliver_count + 1))
-            body = wire.SerializeToString()
+            body = entity.wire_bytes(((DELIVER_COUNT_PROPERTY, str(entity.deliver_count + 1)),))
         return cls(entity, entity.kind, body, targets, succ=set(entity.succ_groups))
 
     @property
