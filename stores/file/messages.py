@@ -152,24 +152,8 @@ def flags_of(payload: bytes) -> int:
 
 def decode_head(data: bytes, start: int) -> Head:
     """The index's view of a MESSAGE payload at `start` (recovery's hot path: no body, no properties)."""
-    (
-        created_at,
-        next_at,
-        _,
-        _,
-        _,
-        count,
-        _,
-        flags,
-        id_len,
-        topic_len,
-        type_len,
-        group_len,
-        broker_len,
-        reason_len,
-        props_len,
-        groups_len,
-    ) = HEAD.unpack_from(data, start)
+    fields = HEAD.unpack_from(data, start)
+    id_len, topic_len, type_len, group_len, broker_len, reason_len, props_len, groups_len = fields[8:]
     pos = start + HEAD.size
     message_id = data[pos : pos + id_len].decode()
     pos += id_len
@@ -178,7 +162,8 @@ def decode_head(data: bytes, start: int) -> Head:
     reason = data[pos : pos + reason_len].decode() if reason_len else ""
     pos += reason_len + props_len
     groups = unpack_groups(data, pos, pos + groups_len) if groups_len else NO_GROUPS
-    return Head(message_id, topic, created_at, next_at, count, flags, groups, reason)
+    # HEAD's fields 0, 1, 5 and 7: created_at, next_deliver_at, deliver_count, flags.
+    return Head(message_id, topic, fields[0], fields[1], fields[5], fields[7], groups, reason)
 
 
 # Cmd(value) goes through Enum's machinery; a dict lookup does not (decoding is on the recover loop's hot path).
