@@ -66,6 +66,7 @@ async def cancel_scheduled(
         assert entity is not None
         if not await store.cancel(message_id):  # a round was recorded meanwhile
             return Cancelled(False, "too late: the message is being or was already delivered")
+        dispatcher.withdrawn.add(message_id)  # a page read before the cancel may still hold it
     finally:
         dispatcher.held.discard(message_id)
     events.emit(LogEvent.CANCELLED, entity, by=group if group is not None else "operator")

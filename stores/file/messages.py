@@ -204,6 +204,9 @@ def decode_message(data: bytes, start: int, end: int) -> MessageEntity:
     body_at = groups_at + groups_len
     if body_at > end:
         raise ValueError("message fields overrun the record")
+    message_kind = _KINDS.get(kind)
+    if message_kind is None:
+        raise ValueError(f"{kind} is not a message command")
     props = unpack_strings(data, props_at, groups_at) if props_len else ()
     succ, fail = unpack_groups(data, groups_at, body_at) if groups_len else NO_GROUPS
     return MessageEntity(
@@ -212,7 +215,7 @@ def decode_message(data: bytes, start: int, end: int) -> MessageEntity:
         data[type_at:group_at].decode(),
         data[group_at:broker_at].decode(),
         data[body_at:end],
-        _KINDS[kind],
+        message_kind,
         expired_time,
         deliver_limit,
         bool(flags & COMMIT),

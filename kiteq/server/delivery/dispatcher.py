@@ -67,6 +67,9 @@ class Dispatcher:
         self.on_retry = on_retry
         self.rounds: dict[str, Round] = {}
         self.held: set[str] = set()  # ids being cancelled: never submitted meanwhile
+        # Ids cancelled since the recover loop read its current page: the page may still hold
+        # them (it offers a page in bursts, yielding between), so they are never submitted.
+        self.withdrawn: set[str] = set()
         self.lanes: dict[tuple[str, str, str], Lane] = {}
         self._nursery: trio.Nursery | None = None
         self._completed_send, self._completed_receive = trio.open_memory_channel[Round](math.inf)
@@ -107,7 +110,13 @@ class Dispatcher:
         A message already in a round is left alone: it is on its way. `sent`: the body
         as the producer serialized it, for a message just received (see `Round.of`).
         """
-        if self.draining or entity.message_id in self.rounds or entity.message_id in self.held:
+        message_id = entity.message_id
+        if (
+            self.draining
+            or message_id in self.rounds
+            or message_id in self.held
+            or message_id in self.withdrawn
+        ):
             return False
         bindings = self.router.route(entity.topic, entity.message_type)
         owed = [b for b in bindings if b.group not in entity.succ_groups] if entity.succ_groups else bindings

@@ -125,6 +125,9 @@ class RecoverLoop:
         placed = 0
         parked = self.dispatcher.parked_topics()
         while True:
+            # What was cancelled before this read is gone from the page; what is cancelled
+            # while the page is offered is withdrawn from it (see Dispatcher.withdrawn).
+            self.dispatcher.withdrawn.clear()
             page = await self.store.page_due(
                 now, cursor, self.config.recover_page, self.dispatcher.rounds, parked
             )

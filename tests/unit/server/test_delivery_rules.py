@@ -18,16 +18,25 @@ import trio.testing
 
 from kiteq.config import DeliveryConfig, TxConfig
 from kiteq.registry.bindings import Binding
+from kiteq.server.cancel import Cancelled, cancel_scheduled
 from kiteq.server.clock import WallClock, trio_wall_clock
 from kiteq.server.delivery.dispatcher import Dispatcher
 from kiteq.server.delivery.lanes import Delivery
-from kiteq.server.delivery.recover import DUE_RESOLUTION, MAX_IDLE, MIN_GAP, RecoverLoop, RecoverSignal
+from kiteq.server.delivery.recover import (
+    DUE_RESOLUTION,
+    MAX_IDLE,
+    MIN_GAP,
+    SUBMIT_BURST,
+    RecoverLoop,
+    RecoverSignal,
+)
 from kiteq.server.delivery.rounds import LEASE_FACTOR, Round, Verdict, first_due
 from kiteq.server.events import Events
 from kiteq.server.groups import GroupTable
 from kiteq.server.routing import Router
 from kiteq.server.tx.backscan import TxBackscan
 from kiteq.server.tx.checks import TxCheck
+from protocol.schedule import DELIVER_AT, format_deliver_at
 from stores import MessageEntity
 from stores.memory import MemoryStore
 
@@ -371,4 +380,49 @@ async def test_a_pass_stops_where_nothing_places_and_the_next_resumes_there(
         assert len(pages) == 2, "the second page placed nothing: the pass stopped"
         await recover.run_pass()
         assert pages[2] is not None and pages[2] > pages[1], "the next pass resumed after it"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_message_cancelled_while_its_page_is_offered_is_never_sent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A pass offers its page in bursts, yielding between them; a cancel that completes in
+    between withdraws the message from the page the pass already holds."""
+    page = 4 * SUBMIT_BURST
+    wired = wire(DeliveryConfig(recover_page=page), [Binding.direct("t", "x", group="c")])
+    store, dispatcher, recover = wired.store, wired.dispatcher, wired.recover
+    peer = FakePeer("c")
+    wired.groups.add(peer)
+    due = NOW - 5
+    scheduled = [
+        entity(
+            message_id=f"{i:032x}",
+            created_at=NOW - 10,
+            next_deliver_at=due,
+            properties={DELIVER_AT: format_deliver_at(due)},
+        )
+        for i in range(page)
+    ]
+    last = scheduled[-1].message_id  # paged last: offered in the page's last burst
+    outcomes: list[Cancelled] = []
+    async with store, trio.open_nursery() as nursery:
+        await nursery.start(dispatcher.run)
+        await store.save_many(scheduled)
+        page_due = store.page_due
+
+        async def cancel_once_read(*args: object, **kwargs: object) -> object:
+            read = await page_due(*args, **kwargs)  # type: ignore[arg-type]
+            nursery.start_soon(_cancel, last)  # runs at the pass's first yield
+            return read
+
+        async def _cancel(message_id: str) -> None:
+            outcomes.append(await cancel_scheduled(store, dispatcher, wired.events, message_id, "p"))
+
+        store.page_due = cancel_once_read  # type: ignore[method-assign]
+        await recover.run_pass()
+        await trio.testing.wait_all_tasks_blocked()
+        assert outcomes == [Cancelled(True)], "the cancel came before the message's round"
+        sent = {delivery.round.message_id for _, delivery in peer.sent}
+        assert len(sent) == page - 1 and last not in sent, "every other message went; the cancelled one never"
+        assert await store.get(last) is None
         nursery.cancel_scope.cancel()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -39,6 +41,17 @@ entities = st.builds(
     dead_reason=text,
     broker=text,
 )
+
+
+def test_a_payload_that_does_not_decode_is_a_value_error() -> None:
+    """What `kiteq-admin store verify` reports as unreadable: a bad kind, a length past the end."""
+    payload = bytearray(encode_message(MessageEntity("id", "t", "m", "g", b"body")))
+    bad_kind = bytearray(payload)
+    bad_kind[struct.calcsize("<ddqqii")] = 0xFE  # the command byte
+    with pytest.raises(ValueError, match="not a message command"):
+        decode_message(bytes(bad_kind), 0, len(bad_kind))
+    with pytest.raises(ValueError, match="overrun"):
+        decode_message(bytes(payload), 0, struct.calcsize("<ddqqiiBBHHHHHHII") + 2)  # id, topic, ... need 5
 
 
 @given(entities)
