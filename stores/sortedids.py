@@ -82,7 +82,7 @@ class SortedIds:
 
         The merge sorts the new ids apart and appends them to the current ones, so the
         sort finds two ordered runs and merges them in linear time (a promotion of a
-        few hundred thousand ids into a million took twice as long as one sort).
+        few hundred thousand ids into a million took a third longer sorted as one).
         """
         if len(ids) > max(64, self._len // 8):
             self.rebuild(itertools.chain(itertools.chain.from_iterable(self._chunks), sorted(ids)))
