@@ -7,9 +7,12 @@ the suite stays quick. "Not before its time" is checked by listening until that 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,6 +20,7 @@ import trio
 
 from kiteq import Binding, CancelError, Consumer, Message, Producer
 from kiteq.registry.bindings import Binding as RegistryBinding
+from kiteq.server.broker import Broker
 from protocol import Cmd, TxStatus, pb
 from protocol.schedule import DELIVER_AT, format_deliver_at
 from tests.helpers import RecordingListener, registry_uri, running_broker, wait_until
@@ -34,9 +38,19 @@ def delayed_header(group: str, at: float, *, commit: bool = True) -> pb.Header:
     return message_header
 
 
-async def bind(broker, group: str = "c") -> None:  # type: ignore[no-untyped-def]
+async def bind(broker: Broker, group: str = "c") -> None:
     await broker.registry.put_bindings(group, "t", [RegistryBinding.direct("t", "x")])
     await wait_until(lambda: any(b.group == group for b in broker.router.bindings), what="the binding")
+
+
+@contextlib.asynccontextmanager
+async def bound_peers(tmp_path: Path, **options: Any) -> AsyncIterator[tuple[Broker, RawPeer, RawPeer]]:
+    """A running broker with group "c" bound to t/x, and raw peers of "c" (consumer) and "p"."""
+    async with running_broker(tmp_path, **options) as broker:
+        await bind(broker)
+        consumer = await RawPeer.login(broker.address, "c")
+        producer = await RawPeer.login(broker.address, "p")
+        yield broker, consumer, producer
 
 
 async def nothing_delivered_until(consumer: RawPeer, deadline: float) -> None:
@@ -57,10 +71,7 @@ async def received_at(consumer: RawPeer, timeout: float = 10.0) -> tuple[str, fl
 
 
 async def test_a_raw_deliver_at_is_acked_at_once_and_delivered_at_its_time(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, store=f"file://{tmp_path}/store") as broker:
-        await bind(broker)
-        consumer = await RawPeer.login(broker.address, "c")
-        producer = await RawPeer.login(broker.address, "p")
+    async with bound_peers(tmp_path, store=f"file://{tmp_path}/store") as (broker, consumer, producer):
         due = time.time() + 1.5
         later, sooner = delayed_header("p", due + 0.5), delayed_header("p", due)
         sent = time.time()
@@ -80,10 +91,7 @@ async def test_a_raw_deliver_at_is_acked_at_once_and_delivered_at_its_time(tmp_p
 
 
 async def test_a_past_deliver_at_is_delivered_at_once(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
-        await bind(broker)
-        consumer = await RawPeer.login(broker.address, "c")
-        producer = await RawPeer.login(broker.address, "p")
+    async with bound_peers(tmp_path) as (_, consumer, producer):
         past = delayed_header("p", time.time() - 60)
         assert (await producer.produce(past)).status
         message_id, _ = await received_at(consumer, timeout=2.0)
@@ -113,10 +121,7 @@ async def test_a_bad_deliver_at_is_refused_with_a_reason(
 
 
 async def test_only_the_producer_group_cancels_and_a_cancelled_message_never_comes(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, store=f"file://{tmp_path}/store") as broker:
-        await bind(broker)
-        consumer = await RawPeer.login(broker.address, "c")
-        producer = await RawPeer.login(broker.address, "p")
+    async with bound_peers(tmp_path, store=f"file://{tmp_path}/store") as (broker, consumer, producer):
         tenant = await RawPeer.login(broker.address, "x")
         due = time.time() + 1.0
         cancelled, kept = delayed_header("p", due), delayed_header("p", due)
@@ -145,10 +150,7 @@ async def test_only_the_producer_group_cancels_and_a_cancelled_message_never_com
 
 
 async def test_deliver_at_is_absolute_for_a_transaction(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, store=f"file://{tmp_path}/store") as broker:
-        await bind(broker)
-        consumer = await RawPeer.login(broker.address, "c")
-        producer = await RawPeer.login(broker.address, "p")
+    async with bound_peers(tmp_path, store=f"file://{tmp_path}/store") as (_, consumer, producer):
         due = time.time() + 1.5
         early_commit = delayed_header("p", due, commit=False)
         late_commit = delayed_header("p", time.time() + 0.3, commit=False)

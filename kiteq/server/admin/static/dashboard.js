@@ -407,6 +407,16 @@ function messageLink(messageId) {
   return td;
 }
 
+// A table row that starts with a message's id (a link to its detail), topic and type.
+function messageRow(message) {
+  const tr = document.createElement("tr");
+  tr.dataset.messageId = message.message_id;
+  tr.appendChild(messageLink(message.message_id));
+  cell(tr, "topic", message.topic);
+  cell(tr, "message_type", message.message_type);
+  return tr;
+}
+
 function describe(value) {
   if (value === null || value === undefined) return "-";
   if (typeof value === "object") return JSON.stringify(value, null, 2);
@@ -462,11 +472,7 @@ async function listMessages(event) {
     fillTable(
       "messages",
       messages.map((message) => {
-        const tr = document.createElement("tr");
-        tr.dataset.messageId = message.message_id;
-        tr.appendChild(messageLink(message.message_id));
-        cell(tr, "topic", message.topic);
-        cell(tr, "message_type", message.message_type);
+        const tr = messageRow(message);
         cell(tr, "state", message.state);
         const preview = message.body_preview !== undefined ? message.body_preview : message.body;
         cell(tr, "body", describe(preview));
@@ -520,11 +526,7 @@ function renderDeadLetters(dead) {
   fillTable(
     "dlq",
     dead.map((letter) => {
-      const tr = document.createElement("tr");
-      tr.dataset.messageId = letter.message_id;
-      tr.appendChild(messageLink(letter.message_id));
-      cell(tr, "topic", letter.topic);
-      cell(tr, "message_type", letter.message_type);
+      const tr = messageRow(letter);
       cell(tr, "reason", letter.reason);
       cell(tr, "deliver_count", letter.deliver_count);
       cell(tr, "fail_groups", letter.fail_groups.join(", "));
