@@ -17,8 +17,18 @@ Contract (checked by tests/contract/, which every store passes unchanged):
 
 from __future__ import annotations
 
+import heapq
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Collection, Container, Iterable, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Collection,
+    Container,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TypeVar
@@ -28,10 +38,12 @@ import trio
 from stores.entity import MessageEntity
 from stores.errors import StoreError
 from stores.resource import AsyncResource
+from stores.sortedids import SortedIds
 from stores.waiting import Waiting
 
 Cursor = str
 T = TypeVar("T")
+K = TypeVar("K")  # a topic key: its name, or the number a store gives it
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +70,29 @@ class Stage(StrEnum):
         if entity.dead:
             return cls.DEAD
         return cls.COMMITTED if entity.commit else cls.UNCOMMITTED
+
+
+def stage_walk(
+    committed: Mapping[K, SortedIds],
+    uncommitted: SortedIds,
+    dead: SortedIds,
+    after: str | None,
+    stage: Stage | None,
+    topic: K | None,
+) -> Iterator[str]:
+    """Stored ids after `after` in id order, of `stage` (every stage for None), for `page_messages`.
+
+    `committed` holds the committed, live ids per topic key: only `topic`'s are walked (every
+    topic's for None). Uncommitted and dead ids are not kept per topic: the caller filters them.
+    """
+    walks = []
+    if stage in (None, Stage.COMMITTED):
+        walks += [ids.after(after) for key, ids in committed.items() if topic in (None, key) and len(ids)]
+    if stage in (None, Stage.UNCOMMITTED):
+        walks.append(uncommitted.after(after))
+    if stage in (None, Stage.DEAD):
+        walks.append(dead.after(after))
+    return heapq.merge(*walks)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,10 @@ and a parked topic's backlog is not walked at all.
 from __future__ import annotations
 
 import copy
-import heapq
 from collections import Counter
 from collections.abc import Callable, Collection, Container, Iterable, Iterator, Sequence
 
-from stores.base import Cursor, MessageStore, Page, Stage, StoreStats
+from stores.base import Cursor, MessageStore, Page, Stage, StoreStats, stage_walk
 from stores.entity import MessageEntity
 from stores.schedule import Schedule, ScheduledCounts, scheduled_at
 from stores.sortedids import SortedIds
@@ -216,14 +215,8 @@ class MemoryStore(MessageStore):
     async def page_messages(
         self, after: Cursor | None, limit: int, *, topic: str = "", stage: Stage | None = None
     ) -> Page:
-        walks = []
-        if stage in (None, Stage.COMMITTED):
-            walks += [ids.after(after) for t, ids in self._live.items() if topic in ("", t) and len(ids)]
-        if stage in (None, Stage.UNCOMMITTED):
-            walks.append(self._uncommitted.after(after))
-        if stage in (None, Stage.DEAD):
-            walks.append(self._dead.after(after))
-        return self._page(heapq.merge(*walks), lambda e: topic in ("", e.topic), limit)
+        ids = stage_walk(self._live, self._uncommitted, self._dead, after, stage, topic or None)
+        return self._page(ids, lambda e: topic in ("", e.topic), limit)
 
     def _page(self, ids: Iterator[str], wanted: Callable[[MessageEntity], bool], limit: int) -> Page:
         items: list[MessageEntity] = []

@@ -22,14 +22,13 @@ by recovery's replay of the operation log.
 
 from __future__ import annotations
 
-import heapq
 import struct
 import sys
 from collections import Counter
 from collections.abc import Callable, Collection, Container, Hashable, Iterator
 from typing import Generic, NamedTuple, TypeVar
 
-from stores.base import Stage
+from stores.base import Stage, stage_walk
 from stores.entity import MessageEntity
 from stores.errors import StoreError
 from stores.file.messages import COMMIT, DEAD, NO_GROUPS, SCHEDULED, Head, check_i32
@@ -438,17 +437,9 @@ class Index:
         number = self.topics.numbers.get(topic) if topic else None
         if topic and number is None:
             return []
-        walks = []
-        if stage in (None, Stage.COMMITTED):
-            walks += [
-                ids.after(after) for t, ids in self.committed.items() if number in (None, t) and len(ids)
-            ]
-        if stage in (None, Stage.UNCOMMITTED):
-            walks.append(self.uncommitted.after(after))
-        if stage in (None, Stage.DEAD):
-            walks.append(self.dead.after(after))
+        ids = stage_walk(self.committed, self.uncommitted, self.dead, after, stage, number)
         wanted = None if number is None else (lambda entry: entry.topic == number)
-        return self._take(heapq.merge(*walks), limit, wanted)
+        return self._take(ids, limit, wanted)
 
     def _take(self, ids: Iterator[str], limit: int, wanted: Callable[[Entry], bool] | None) -> list[str]:
         """The first `limit` of `ids` whose entry is `wanted` (every one for None)."""
