@@ -1,6 +1,8 @@
 """One error hierarchy, rooted in KiteQError; each message says what to do about it."""
 
+import contextlib
 import errno
+from collections.abc import Iterator
 
 from protocol.errors import KiteQError, ProtocolError
 from stores.errors import StoreCorrupted, StoreError, StoreLocked, StoreUnavailable
@@ -33,6 +35,18 @@ class AddressInUse(KiteQError):
         """Whether `exc`, or an exception group around it, is a bind the OS refused as EADDRINUSE."""
         found = leaf_error(exc, (OSError,))
         return isinstance(found, OSError) and found.errno == errno.EADDRINUSE
+
+    @classmethod
+    @contextlib.contextmanager
+    def raised_for(cls, address: str, key: str) -> Iterator[None]:
+        """Around a bind to `address` (config key `key`): the OS's EADDRINUSE, bare or in an
+        exception group, is raised as AddressInUse; anything else passes unchanged."""
+        try:
+            yield
+        except (OSError, BaseExceptionGroup) as exc:
+            if cls.is_cause(exc):
+                raise cls(address, key) from None
+            raise
 
 
 class TLSError(KiteQError):

@@ -144,12 +144,8 @@ class Broker:
                 store=self.store.uri,
                 detail="messages are lost when the broker stops",
             )
-        try:
+        with AddressInUse.raised_for(self.config.server.bind, "bind"):
             listeners = await trio.open_tcp_listeners(int(port), host=host)
-        except OSError as exc:
-            if AddressInUse.is_cause(exc):
-                raise AddressInUse(self.config.server.bind, "bind") from None
-            raise
         self.address = f"{host}:{listeners[0].socket.getsockname()[1]}"
         self.handlers = Handlers(
             self.store,
@@ -232,12 +228,8 @@ class Broker:
         if not server.admin_bind:
             return
         app = AdminApp(self, server.admin_token)
-        try:
+        with AddressInUse.raised_for(server.admin_bind, "admin_bind"):
             bound = await nursery.start(serve_admin, app, server.admin_bind, self.config.tls)
-        except (OSError, BaseExceptionGroup) as exc:
-            if AddressInUse.is_cause(exc):
-                raise AddressInUse(server.admin_bind, "admin_bind") from None
-            raise
         self.admin_address = bound[0].removeprefix("http://") if bound else self.config.server.admin_bind
         # So `kiteq-admin message …` finds every broker; withdrawn when the registry closes.
         await self.registry.register_admin(
