@@ -14,9 +14,11 @@ import copy
 from collections import Counter
 from collections.abc import Callable, Collection, Container, Iterable, Iterator, Sequence
 
+import trio
+
 from stores.base import Cursor, MessageStore, Page, Stage, StoreStats, stage_walk
 from stores.entity import MessageEntity
-from stores.schedule import Schedule, ScheduledCounts, scheduled_at
+from stores.schedule import PROMOTE_STEP, Schedule, ScheduledCounts, scheduled_at
 from stores.sortedids import SortedIds
 from stores.waiting import WaitingTracker, summarize
 
@@ -54,7 +56,7 @@ class MemoryStore(MessageStore):
             self._schedule.add(entity.message_id, entity.topic, entity.next_deliver_at)
             if entity.message_id in self._scheduled_ids:
                 self._scheduled.add(entity.topic, entity.next_deliver_at)
-            self._schedule.tidy(len(self._messages), self._not_yet_due)
+            self._schedule.tidy(len(self._messages), self._live_times)
 
     def _unlink(self, entity: MessageEntity) -> None:
         self._ids_of(entity).discard(entity.message_id)
@@ -69,17 +71,16 @@ class MemoryStore(MessageStore):
         self._scheduled_ids.discard(entity.message_id)
         del self._messages[entity.message_id]
 
-    def _not_yet_due(self) -> Iterator[tuple[str, float]]:
-        promoted = self._schedule.promoted
+    def _live_times(self) -> Iterator[tuple[str, str, float]]:
         for message_id, entity in self._messages.items():
-            if entity.commit and not entity.dead and entity.next_deliver_at > promoted:
-                yield message_id, entity.next_deliver_at
+            if entity.commit and not entity.dead:
+                yield message_id, entity.topic, entity.next_deliver_at
 
-    def _due_state(self, message_id: str) -> tuple[str, float] | None:
+    def _due_at(self, message_id: str) -> float | None:
         entity = self._messages.get(message_id)
         if entity is None or not entity.commit or entity.dead:
             return None
-        return entity.topic, entity.next_deliver_at
+        return entity.next_deliver_at
 
     async def start(self) -> None:
         return None
@@ -202,7 +203,8 @@ class MemoryStore(MessageStore):
         skip: Container[str] = frozenset(),
         parked: Collection[str] = frozenset(),
     ) -> Page:
-        self._schedule.promote(now, self._due_state)
+        while not self._schedule.promote(now, self._due_at, parked, PROMOTE_STEP):
+            await trio.lowlevel.checkpoint()
         ids = self._schedule.walk(after, parked)
         return self._page(ids, lambda e: e.next_deliver_at <= now and e.message_id not in skip, limit)
 

@@ -8,11 +8,11 @@ numbers into `Interner` tables shared by every entry.
 
 Beside the entries the index keeps what makes scans and stats cheap:
 
-- `due`: per topic, ids of committed, live messages whose next_deliver_at <=
-  `promoted` (the latest `now` page_due saw), in id order; `timers`: the other
-  committed, live ids, bucketed by time. page_due moves the buckets that came due,
-  then walks the due ids of the topics asked for from the cursor, so a page costs
-  O(log n + page), not O(all messages), and a parked topic's backlog costs nothing.
+- `schedule` (stores.schedule): per topic, ids of committed, live messages already
+  due, in id order, and the others bucketed by time. A page first promotes the
+  buckets that came due, then walks the due ids of the topics asked for from the
+  cursor, so a page costs O(log n + page), not O(all messages); a parked topic is
+  neither promoted nor walked, so its backlog costs nothing until it is unparked.
 - `uncommitted` and `dead`: id-ordered sets for their scans.
 - counters for stats, and live entries per data segment for reclamation.
 
@@ -22,6 +22,7 @@ by recovery's replay of the operation log.
 
 from __future__ import annotations
 
+import math
 import struct
 import sys
 from collections import Counter
@@ -333,7 +334,7 @@ class Index:
             if flags & SCHEDULED:
                 self.scheduled.add(topic, at)
             self.schedule.add(message_id, topic, at)
-            self.schedule.tidy(len(self.entries), self._not_yet_due)
+            self.schedule.tidy(len(self.entries), self._live_times)
 
     def _unlink(self, message_id: str, entry: Entry, *, listed: bool = False) -> None:
         _decrement(self.segment_live, entry.segment)
@@ -354,22 +355,21 @@ class Index:
                 self.scheduled.remove(entry.topic, entry.next_deliver_at)
             self.schedule.discard(message_id, entry.topic)
 
-    def _not_yet_due(self) -> Iterator[tuple[str, float]]:
-        """(id, next_deliver_at) of every committed, live message not yet due."""
-        promoted = self.schedule.promoted
+    def _live_times(self) -> Iterator[tuple[str, int, float]]:
+        """(id, topic, next_deliver_at) of every committed, live message."""
         for message_id, raw in self.entries.items():
             entry = unpack(raw)
-            if entry.committed_live and entry.next_deliver_at > promoted:
-                yield message_id, entry.next_deliver_at
+            if entry.committed_live:
+                yield message_id, entry.topic, entry.next_deliver_at
 
-    def _due_state(self, message_id: str) -> tuple[int, float] | None:
-        """(topic, next_deliver_at) of a committed, live message; None for any other id."""
+    def _due_at(self, message_id: str) -> float | None:
+        """next_deliver_at of a committed, live message; None for any other id."""
         raw = self.entries.get(message_id)
         if raw is None:
             return None
         # Unpacked to a plain tuple: a promotion asks this of every id that came due.
-        _, _, _, at, _, _, topic, _, _, flags = ENTRY.unpack(raw)
-        return (topic, at) if flags & STATE_FLAGS == COMMIT else None
+        _, _, _, at, _, _, _, _, _, flags = ENTRY.unpack(raw)
+        return at if flags & STATE_FLAGS == COMMIT else None
 
     def rebuild(self, promoted: float) -> None:
         """Derive every structure from `entries` in one pass (after recovery), then track changes."""
@@ -379,7 +379,7 @@ class Index:
         self.dead_reasons.clear()
         self.scheduled.clear()
         due: dict[int, list[str]] = {}
-        waiting: list[tuple[str, float]] = []
+        waiting: list[tuple[str, int, float]] = []
         committed: dict[int, list[str]] = {}
         uncommitted, dead = [], []
         live, backlog, unpack_raw, wait = self.segment_live, self.backlog, ENTRY.unpack, waiting.append
@@ -402,7 +402,7 @@ class Index:
                 if at <= promoted:
                     due.setdefault(topic, []).append(message_id)
                 else:
-                    wait((message_id, at))
+                    wait((message_id, topic, at))
         self.schedule.rebuild(promoted, due, waiting)
         self.committed = {topic: SortedIds(ids) for topic, ids in committed.items()}
         self.uncommitted.rebuild(uncommitted)
@@ -412,19 +412,25 @@ class Index:
 
     # -- scans ------------------------------------------------------------------------------
 
-    def promote(self, now: float) -> None:
-        """Move every waiting id with next_deliver_at <= now into the due sets."""
-        self.schedule.promote(now, self._due_state)
+    def promote(self, now: float, parked: Collection[str] = (), limit: float = math.inf) -> bool:
+        """Move waiting ids with next_deliver_at <= now into the due sets, but not a `parked`
+        topic's; False if `limit` ids were looked at first (see Schedule.promote)."""
+        return self.schedule.promote(now, self._due_at, self._numbers(parked), limit)
 
     def page_due(
         self, now: float, after: str | None, limit: int, skip: Container[str], parked: Collection[str] = ()
     ) -> list[str]:
-        """Up to `limit` ids of committed, live messages due at `now`, after `after`, not in `skip`,
-        of topics not `parked` (whose due ids are not even walked)."""
-        self.promote(now)
-        passed = {number for topic in parked if (number := self.topics.numbers.get(topic)) is not None}
-        ids = (message_id for message_id in self.schedule.walk(after, passed) if message_id not in skip)
+        """Up to `limit` ids of committed, live messages due at `now` (as far as they were
+        promoted), after `after`, not in `skip`, of topics not `parked` (not even walked)."""
+        ids = (
+            message_id
+            for message_id in self.schedule.walk(after, self._numbers(parked))
+            if message_id not in skip
+        )
         return self._take(ids, limit, lambda entry: entry.next_deliver_at <= now)
+
+    def _numbers(self, topics: Collection[str]) -> set[int]:
+        return {number for topic in topics if (number := self.topics.numbers.get(topic)) is not None}
 
     def page_uncommitted(self, older_than: float, after: str | None, limit: int) -> list[str]:
         return self._take(self.uncommitted.after(after), limit, lambda entry: entry.created_at <= older_than)

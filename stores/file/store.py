@@ -59,6 +59,7 @@ from stores.file.recovery import Recovered, recover
 from stores.file.segment import Segment
 from stores.file.snapshot import Snapshot
 from stores.file.writer import Batch, FsyncMode, Writer
+from stores.schedule import PROMOTE_STEP
 
 log = structlog.get_logger(__name__)
 
@@ -368,6 +369,8 @@ class FileStore(MessageStore):
         parked: Collection[str] = frozenset(),
     ) -> Page:
         self._readable()
+        while not self._index.promote(now, parked, PROMOTE_STEP):
+            await trio.lowlevel.checkpoint()
         return await self._page(self._index.page_due(now, after, _limit(limit) + 1, skip, parked), limit)
 
     async def next_due_at(self, now: float) -> float | None:
