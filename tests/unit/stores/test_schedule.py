@@ -106,7 +106,9 @@ def test_a_limited_promotion_goes_on_where_it_stopped_and_misses_nothing(limit: 
     largest_bucket = max(Counter(bucket(at) for at in times.values()).values()) + 1  # + one added
     calls, before = 1, schedule.slots
     while not schedule.promote(T0 + 10, times.get, limit=limit):
-        assert before - schedule.slots < limit + largest_bucket, "a step looks at whole buckets up to the limit"
+        assert before - schedule.slots < limit + largest_bucket, (
+            "a step looks at whole buckets up to the limit"
+        )
         calls += 1
         assert schedule.next_at() is not None and schedule.next_at() <= T0 + 10, "woken for the rest at once"
         added = f"added-{calls:03}"  # arriving between steps, due at once
