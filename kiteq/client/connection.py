@@ -36,6 +36,13 @@ EXPIRY_TICK = 0.05
 # listener of it before any ack goes back, so broker and consumer take turns instead
 # of working at once (end to end, 2 cores: about 150% busy instead of 135%).
 READ_SIZE = 32 * 1024
+# A read of store-acks wakes at most this many waiting senders before the reader lets them
+# run (and the writer send what they queued) and goes on with the rest. Woken all at once,
+# a whole window of senders serializes its next messages before any leaves, and the
+# broker gets them in one block while this client idles: the two take turns instead of
+# overlapping (100 sends in flight, 2 cores: 1.0 core busy and about 10.5k msgs/s; in
+# bursts of 12, 1.45 cores and about 15k msgs/s; bursts of 4 cost more than they gain).
+ANSWER_BURST = 12
 
 RequestHandler = Callable[["ClientConnection", Frame, object], Awaitable[None]]
 
@@ -234,9 +241,13 @@ class ClientConnection:
         self.framed.send(self.session.send(opaque, cmd, message))
 
     async def _on_data(self, data: bytes | bytearray) -> None:
+        answered = 0
         for event in self.session.receive_data(data):
             if type(event) is Answered:
                 event.request.finish(event.answer)
+                answered += 1
+                if answered % ANSWER_BURST == 0:
+                    await trio.lowlevel.checkpoint()
             elif type(event) is Request:
                 if self.on_request is not None:
                     await self.on_request(self, event.frame, event.body)
