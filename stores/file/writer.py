@@ -9,7 +9,9 @@ RWF_DSYNC when its file holds nothing else unsynced, else an fdatasync after the
 writes), and hands the batch back to Trio (`TrioToken.run_sync_soon`), which sets
 the batch's event: every caller in it wakes together. While a batch is being
 written the next one fills up, so the busier the store, the more saves share each
-fsync.
+fsync. A batch is due when a caller waits on it (`Batch.wait` -> `flush`); a lone
+caller, with nothing else ready on the Trio thread and the writer asleep, writes it
+in place, sparing two thread hand-offs.
 
 A batch holding only lazily logged changes (nobody waits on it) is written
 LAZY_WRITE_DELAY after its first record, or with the next save if one comes first.
@@ -45,6 +47,12 @@ log = structlog.get_logger(__name__)
 # to write it with. A crash of the process in between loses them: messages are then
 # delivered again (at-least-once), never lost.
 LAZY_WRITE_DELAY = 0.005
+# A batch written on the Trio thread (see `Writer.flush`) that took longer than this means
+# the disk is stalling: the event loop must not wait on it again, so for INLINE_PAUSE
+# seconds every batch goes to the writer thread. One such write stalls the loop at most
+# once per pause (a normal one takes 0.1-0.3 ms here).
+INLINE_WRITE_LIMIT = 0.002
+INLINE_PAUSE = 30.0
 # Linux 4.7 and later; elsewhere every synced write is a write and then an fdatasync.
 RWF_DSYNC: int = getattr(os, "RWF_DSYNC", 0)
 
@@ -61,6 +69,7 @@ class Batch:
     """Records that go to disk together, and the event their callers wait on."""
 
     __slots__ = (
+        "_flush",
         "data",
         "done",
         "durable",
@@ -75,7 +84,8 @@ class Batch:
         "touched_at",
     )
 
-    def __init__(self, seq: int, log_generation: int) -> None:
+    def __init__(self, seq: int, log_generation: int, flush: Callable[[Batch], None]) -> None:
+        self._flush = flush
         self.seq = seq
         self.log_generation = log_generation
         self.data: list[tuple[Segment, int, list[bytes]]] = []
@@ -95,6 +105,8 @@ class Batch:
 
     async def wait(self) -> None:
         """Return once the batch is written (and fsynced if it had to be); raise if that failed."""
+        if not self.done.is_set():
+            self._flush(self)
         await self.done.wait()
         if self.error is not None:
             raise self.error
@@ -126,15 +138,19 @@ class Writer:
         # two Python-level calls per record.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        # Held by whoever writes batches: the writer thread, or the Trio thread in `flush`.
+        self._io = threading.Lock()
         self._sleeping = False
         self._stopping = False
+        self.inline_write_limit = INLINE_WRITE_LIMIT
+        self._inline_paused_until = 0.0
         self._cut: list[Batch] = []
         self._seq = 1
         # Trio side: where the next record goes, what is written and synced.
         self.segment = segment
         self.end = data_end
         self.log_generation = log_generation
-        self._open = Batch(self._seq, log_generation)
+        self._open = self._new_batch(log_generation)
         self.written: tuple[int, int] = (segment.number, data_end)
         self.dirty_seq = 0
         self.synced_seq = 0
@@ -204,9 +220,58 @@ class Writer:
             batch.snapshot = snapshot
             self._touch(batch, True)
             self._cut.append(batch)
+            if self._sleeping:
+                self._cond.notify()
             self._seq += 1
             self.log_generation = snapshot.generation
-            self._open = Batch(self._seq, snapshot.generation)
+            self._open = self._new_batch(snapshot.generation)
+
+    def _new_batch(self, log_generation: int) -> Batch:
+        return Batch(self._seq, log_generation, self.flush)
+
+    def flush(self, batch: Batch) -> None:
+        """A caller waits on `batch` (Batch.wait): have it written now.
+
+        While nothing else is ready to run on the Trio thread and the writer sleeps with
+        nothing else queued, it is written right here: waking the writer thread and
+        being woken back are two thread hand-offs and a dozen futex calls, a good part of
+        a lone save's round trip (a producer awaiting each store-ack: about 1.2x the rate).
+        Otherwise (under load, or out of turn) the writer thread is woken, and batches
+        fill while it writes. A write here slower than `inline_write_limit` pauses this
+        for INLINE_PAUSE seconds, so a stalling disk holds up the event loop once, not
+        on every save.
+        """
+        with self._lock:
+            inline = (
+                batch is self._open
+                and self._sleeping
+                and not self._cut
+                and not self._stopping
+                and trio.lowlevel.current_statistics().tasks_runnable == 0
+                and time.monotonic() >= self._inline_paused_until
+                and self._io.acquire(blocking=False)
+            )
+            if not inline:
+                if self._sleeping:
+                    self._cond.notify()
+                return
+            self._seq += 1
+            self._open = self._new_batch(self.log_generation)
+        started = time.monotonic()
+        try:
+            self._process(batch)
+        finally:
+            self._io.release()
+        took = time.monotonic() - started
+        if took > self.inline_write_limit:
+            self._inline_paused_until = started + took + INLINE_PAUSE
+            log.warning(
+                "store.slow_write",
+                store=str(self.directory),
+                seconds=round(took, 4),
+                detail=f"batches go through the writer thread for the next {INLINE_PAUSE:g} s",
+            )
+        self._finished([batch])
 
     def settled(self) -> bool:
         """True when everything appended so far is as durable as the mode makes it."""
@@ -216,14 +281,14 @@ class Writer:
         return (segment, offset) < self.written
 
     def _touch(self, batch: Batch, durable: bool) -> None:
-        # The writer is woken when the batch's first record sets when it is due, and when
-        # a caller starts waiting on it: not for every record.
-        wake = not batch.touched_at or (durable and not batch.durable)
-        if not batch.touched_at:
+        # The writer is woken by a lazy batch's first record, to write it LAZY_WRITE_DELAY
+        # later; a batch someone must wait on is written when they wait (`flush`).
+        first = not batch.touched_at
+        if first:
             batch.touched_at = time.monotonic()
         batch.durable = batch.durable or durable
         self.dirty_seq = batch.seq
-        if wake and self._sleeping:
+        if first and not durable and self._sleeping:
             self._cond.notify()
 
     def _finished(self, batches: list[Batch]) -> None:
@@ -240,7 +305,9 @@ class Writer:
     async def stop(self) -> None:
         """Write what is pending with an fsync, then end the threads."""
         if self.failure is None:
-            await self.sync().done.wait()
+            batch = self.sync()
+            self.flush(batch)
+            await batch.done.wait()
         with self._lock:
             self._stopping = True
             self._cond.notify()
@@ -264,11 +331,12 @@ class Writer:
                 if not self._open.empty:
                     batches.append(self._open)
                     self._seq += 1
-                    self._open = Batch(self._seq, self.log_generation)
+                    self._open = self._new_batch(self.log_generation)
             if not batches:
                 return
-            for batch in batches:
-                self._process(batch)
+            with self._io:
+                for batch in batches:
+                    self._process(batch)
             try:
                 self._token.run_sync_soon(self._finished, batches)
             except trio.RunFinishedError:

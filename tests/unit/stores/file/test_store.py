@@ -102,6 +102,64 @@ async def test_concurrent_saves_share_fsyncs(tmp_path: Path) -> None:
     assert details["records_per_batch"] > 3
 
 
+class BlockingWaits(trio.abc.Instrument):
+    """Counts the times the event loop sleeps waiting for I/O or a wake-up from another thread."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def before_io_wait(self, timeout: float) -> None:
+        if timeout > 0:
+            self.count += 1
+
+
+async def test_a_lone_save_is_written_in_place_not_handed_to_the_writer_thread(tmp_path: Path) -> None:
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        await store.save(message())  # the first save also creates the segment
+        waited = await lone_saves_waiting_on_the_writer_thread(store, 5)
+        details = (await store.stats()).details
+    assert waited == 0, "a save waited for the writer thread to wake the event loop"
+    assert details["batches"] == details["fsyncs"] == 6, (
+        "each save still written and synced before it returns"
+    )
+
+
+async def lone_saves_waiting_on_the_writer_thread(store: FileStore, saves: int) -> int:
+    """How many of `saves` lone saves made the event loop sleep until another thread woke it."""
+    waits = BlockingWaits()
+    trio.lowlevel.add_instrument(waits)
+    try:
+        for _ in range(saves):
+            await store.save(message())
+    finally:
+        trio.lowlevel.remove_instrument(waits)
+    return waits.count
+
+
+async def test_a_slow_write_in_place_sends_later_saves_to_the_writer_thread(tmp_path: Path) -> None:
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        await store.save(message())
+        writer = store._writer
+        assert writer is not None
+        writer.inline_write_limit = 0.0  # every write counts as a stall of the disk
+        assert await lone_saves_waiting_on_the_writer_thread(store, 1) == 0, (
+            "the first is still written in place"
+        )
+        assert await lone_saves_waiting_on_the_writer_thread(store, 3) == 3, "then each waits for the thread"
+        details = (await store.stats()).details
+    assert details["fsyncs"] >= 5, "each save still synced before it returned"
+
+
+async def test_a_save_nobody_waits_for_is_still_written_by_the_close(tmp_path: Path) -> None:
+    kept = message()
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        staged = await store.stage_many([kept])  # its caller never awaits staged.durable()
+        assert staged.saved == [True]
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        found = await store.get(kept.message_id)
+    assert found is not None and found.body == kept.body
+
+
 @pytest.mark.parametrize(("mode", "lazy_fsyncs"), [("batch", False), ("always", True)])
 async def test_only_decisions_wait_for_an_fsync_in_batch_mode(
     tmp_path: Path, mode: str, lazy_fsyncs: bool
