@@ -49,7 +49,7 @@ from stores.entity import MessageEntity
 from stores.errors import StoreError, StoreUnavailable
 from stores.file import layout, records
 from stores.file.cache import PayloadCache
-from stores.file.index import Entry, Index
+from stores.file.index import Index, location, same_record, unpack
 from stores.file.lock import DirectoryLock
 from stores.file.messages import decode_message, encode_message, flags_of
 from stores.file.ops import Op, encode_op
@@ -351,7 +351,7 @@ class FileStore(MessageStore):
                 return None
             payload = self._cache.get(message_id)
             if payload is None:
-                (payload,) = await self._read([entry])
+                (payload,) = await self._read([(entry.segment, entry.offset, entry.length)])
             else:
                 await trio.lowlevel.checkpoint()
             now = self._index.get(message_id)
@@ -392,46 +392,47 @@ class FileStore(MessageStore):
         return await self._page(self._index.page_messages(after, _limit(limit) + 1, topic, stage), limit)
 
     async def _page(self, ids: list[str], limit: int) -> Page:
-        """Load the entities of the first `limit` ids; the cursor is the last id when more follow."""
+        """Load the entities of the first `limit` ids; the cursor is the last id when more follow.
+
+        Entries are kept packed until a message is taken: only its location is read to
+        fetch it, and only the entries of what goes into the page are unpacked.
+        """
         cursor = ids[limit - 1] if len(ids) > limit else None
         ids = ids[:limit]
-        entries = {message_id: self._index.get(message_id) for message_id in ids}
+        entries = self._index.entries
+        packed = {message_id: entries.get(message_id) for message_id in ids}
         payloads = {message_id: self._cache.get(message_id) for message_id in ids}
-        missing = [
-            (mid, entry) for mid, entry in entries.items() if entry is not None and payloads[mid] is None
-        ]
+        missing = [(mid, raw) for mid, raw in packed.items() if raw is not None and payloads[mid] is None]
         if missing:
-            read = await self._read([entry for _, entry in missing])
+            read = await self._read([location(raw) for _, raw in missing])
             payloads.update(zip((message_id for message_id, _ in missing), read, strict=True))
         else:
             await trio.lowlevel.checkpoint()
         items = []
-        for decoded, (message_id, entry) in enumerate(entries.items(), 1):
+        for decoded, (message_id, raw) in enumerate(packed.items(), 1):
             if decoded % DECODE_BURST == 0:
                 await trio.lowlevel.checkpoint()  # each entry is checked anew below
-            now = self._index.get(message_id)
+            now = entries.get(message_id)
             payload = payloads[message_id]
-            if (
-                entry is None
-                or now is None
-                or payload is None
-                or (now.segment, now.offset) != (entry.segment, entry.offset)
-            ):
+            if raw is None or now is None or payload is None or not same_record(now, raw):
                 continue  # finished or replaced while the page was read
-            items.append(self._index.apply_state(decode_message(payload, 0, len(payload)), now))
+            items.append(self._index.apply_state(decode_message(payload, 0, len(payload)), unpack(now)))
         return Page(items, cursor)
 
-    async def _read(self, entries: list[Entry]) -> list[bytes]:
-        """The payloads of `entries`, read in one worker thread."""
+    async def _read(self, locations: list[tuple[int, int, int]]) -> list[bytes]:
+        """The payloads of the records at `locations` (segment, offset, length), read in one worker thread."""
         writer = self._writer
-        if writer is not None and not all(writer.is_written(e.segment, e.offset) for e in entries):
+        if writer is not None and not all(
+            writer.is_written(segment, offset) for segment, offset, _ in locations
+        ):
             await writer.sync().wait()
-        segments = [self._segments[entry.segment] for entry in entries]
+        segments = [self._segments[segment] for segment, _, _ in locations]
         for segment in segments:
             segment.readers += 1
         try:
             return await trio.to_thread.run_sync(
-                _read_payloads, [(s, e.offset, e.length) for s, e in zip(segments, entries, strict=True)]
+                _read_payloads,
+                [(s, offset, length) for s, (_, offset, length) in zip(segments, locations, strict=True)],
             )
         finally:
             for segment in segments:
