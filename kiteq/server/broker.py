@@ -51,6 +51,7 @@ from kiteq.server.routing import Router
 from kiteq.server.stats import group_and_topic_rows, scheduled_summary
 from kiteq.server.tx.backscan import TxBackscan
 from kiteq.tls import server_context
+from protocol.logevents import LogEvent
 from protocol.session import Hello, quote
 from stores import MessageStore, SharedStore, open_store
 
@@ -88,7 +89,7 @@ class Broker:
         )
         self.events = Events(delivery_log)
         self.latency = Latencies(clock)
-        self.events.observers.append(self.latency.observe)
+        self.events.subscribe(self.latency.observe, LogEvent.ACKED, LogEvent.STORED)
         self.history = History(config.server.history_interval)
         self.router = Router()
         self.groups = GroupTable()

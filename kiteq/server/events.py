@@ -37,12 +37,18 @@ class Events:
         self.counts: Counter[tuple[str, str, str]] = Counter()
         self._topics: set[str] = set()
         self.debug = log.is_enabled_for(logging.DEBUG)
-        self.observers: list[Observer] = []
+        # event -> the observers subscribed to it: an event nobody observes costs no call.
+        self._observers: dict[str, tuple[Observer, ...]] = {}
 
     @property
     def recorded(self) -> bool:
         """Whether events are written out (delivery log or debug log), so details are worth computing."""
         return self.delivery_log is not None or self.debug
+
+    def subscribe(self, observer: Observer, *events: LogEvent) -> None:
+        """Call `observer` on every emit of one of `events`."""
+        for event in events:
+            self._observers[event] = (*self._observers.get(event, ()), observer)
 
     def emit(self, event: LogEvent, entity: MessageEntity, **fields: object) -> None:
         key: tuple[str, str, str] = (event, entity.topic, str(fields.get("group", "")))
@@ -52,8 +58,9 @@ class Events:
         counts[key] = counts.get(key, 0) + 1
         if self.delivery_log is not None:
             self.delivery_log.emit(event, entity, **fields)
-        if self.observers:
-            for observer in self.observers:
+        observers = self._observers.get(event)
+        if observers is not None:
+            for observer in observers:
                 observer(event, entity, fields)
         if self.debug:
             log.debug(f"message.{event}", message_id=entity.message_id, topic=entity.topic, **fields)

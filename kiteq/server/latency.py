@@ -157,7 +157,8 @@ class Latencies:
         self.ack: dict[str, Window] = {ALL_GROUPS: Window()}
 
     def observe(self, event: str, entity: MessageEntity, fields: dict[str, object]) -> None:
-        """Only `stored` (with `store_ms`) and `acked` carry a latency; the rest pass."""
+        """Only `stored` (with `store_ms`) and `acked` carry a latency (the broker subscribes
+        it to those two); the rest pass."""
         if event == "acked":
             group = str(fields.get("group", ""))
             if group not in self.ack:

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kiteq.server.events import Events
 from kiteq.server.latency import ALL_GROUPS, BOUNDS, EXPOSED_BOUNDS, Histogram, Latencies, Window
 from kiteq.server.metrics import BrokerMetrics
+from protocol.logevents import LogEvent
 from stores.entity import MessageEntity
 
 
@@ -117,3 +118,12 @@ def test_metrics_expose_the_histograms_and_their_percentiles() -> None:
     assert not any(labels and dict(labels).get("kind") == "store" for _, labels in found), (
         "no saves, no figures"
     )
+
+
+def test_an_observer_is_called_only_for_the_events_it_subscribed_to() -> None:
+    events, seen = Events(), []
+    events.subscribe(lambda event, message, fields: seen.append((event, fields.get("group"))), LogEvent.ACKED)
+    for event in (LogEvent.DELIVERED, LogEvent.ACKED, LogEvent.FINISHED):
+        events.emit(event, entity(1.0), group="g")
+    assert seen == [(LogEvent.ACKED, "g")]
+    assert events.total(LogEvent.DELIVERED) == 1, "every event is still counted"
