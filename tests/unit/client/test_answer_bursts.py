@@ -14,22 +14,13 @@ import trio
 from kiteq.client.connection import ANSWER_BURST, ClientConnection, Credentials
 from protocol import Cmd, pb
 from protocol.framing import FrameDecoder, encode_frame
+from tests.wire import header
 
 WINDOW = 100
 
 
 def _message(index: int) -> pb.BytesMessage:
-    header = pb.Header(
-        messageId=f"{index:032x}",
-        topic="trade",
-        messageType="pay",
-        expiredTime=-1,
-        deliverLimit=100,
-        groupId="order-svc",
-        commit=True,
-        fly=False,
-    )
-    return pb.BytesMessage(header=header, body=b"x")
+    return pb.BytesMessage(header=header("order-svc", message_id=f"{index:032x}"), body=b"x")
 
 
 async def _broker(stream: trio.SocketStream) -> None:
