@@ -93,15 +93,18 @@ def same_record(raw: bytes, other: bytes) -> bool:
 
 
 def due_at(raw: bytes) -> float:
-    return _TIME.unpack_from(raw, _NEXT_DELIVER_AT)[0]  # type: ignore[no-any-return]
+    (at,) = _TIME.unpack_from(raw, _NEXT_DELIVER_AT)
+    return float(at)
 
 
 def created_at(raw: bytes) -> float:
-    return _TIME.unpack_from(raw, _CREATED_AT)[0]  # type: ignore[no-any-return]
+    (at,) = _TIME.unpack_from(raw, _CREATED_AT)
+    return float(at)
 
 
 def topic_of(raw: bytes) -> int:
-    return _TOPIC.unpack_from(raw, _TOPIC_AT)[0]  # type: ignore[no-any-return]
+    (topic,) = _TOPIC.unpack_from(raw, _TOPIC_AT)
+    return int(topic)
 
 
 class Interner(Generic[T]):
