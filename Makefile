@@ -6,6 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RUN_STAMP := $(VENV)/.installed-run
+# setup.py compiles these modules with mypyc in place: an edit to one reinstalls the package
+# (KITEQ_PURE_PYTHON=1 installs without compiling).
+COMPILED := $(shell grep -oE '"(protocol|stores|kiteq)/[a-z_/]+\.py"' setup.py | tr -d '"')
 
 .PHONY: run test bench bench-services proto lint docs services clean
 
@@ -13,11 +16,11 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-$(RUN_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
+$(RUN_STAMP): setup.cfg setup.py pyproject.toml $(COMPILED) | $(VENV)/bin/python
 	$(PY) -m pip install -q -e .
 	touch $(RUN_STAMP)
 
-$(STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
+$(STAMP): setup.cfg setup.py pyproject.toml $(COMPILED) | $(VENV)/bin/python
 	$(PY) -m pip install -q -e '.[test,spark,dev]'
 	touch $(STAMP)
 
@@ -61,4 +64,5 @@ proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I protocol --python_out=protocol --pyi_out=protocol protocol/kiteq.proto
 
 clean:
-	rm -rf $(VENV) data .pytest_cache .mypy_cache
+	rm -rf $(VENV) data build .pytest_cache .mypy_cache
+	find protocol stores kiteq -name '*.so' -delete

@@ -26,7 +26,7 @@ import math
 import struct
 import sys
 from collections import Counter
-from collections.abc import Callable, Collection, Container, Hashable, Iterator
+from collections.abc import Callable, Collection, Container, Hashable, Iterable, Iterator
 from typing import Generic, NamedTuple, TypeVar
 
 from stores.base import Stage, stage_walk
@@ -458,11 +458,7 @@ class Index:
     ) -> list[str]:
         """Up to `limit` ids of committed, live messages due at `now` (as far as they were
         promoted), after `after`, not in `skip`, of topics not `parked` (not even walked)."""
-        ids = (
-            message_id
-            for message_id in self.schedule.walk(after, self._numbers(parked))
-            if message_id not in skip
-        )
+        ids = _not_in(self.schedule.walk(after, self._numbers(parked)), skip)
         return self._take(ids, limit, lambda raw: due_at(raw) <= now)
 
     def _numbers(self, topics: Collection[str]) -> set[int]:
@@ -516,6 +512,14 @@ class Index:
         return summarize(
             (topics[topic], groups[pair][0], n, oldest) for (topic, pair), n, oldest in self.waiting.items()
         )
+
+
+def _not_in(ids: Iterable[str], skip: Container[str]) -> Iterator[str]:
+    """The walk's ids not in `skip`, lazily: a generator function, because mypyc builds a
+    generator expression's whole list first, and the walk can cover the whole backlog."""
+    for message_id in ids:
+        if message_id not in skip:
+            yield message_id
 
 
 def _ids_of(sets: dict[int, SortedIds], topic: int) -> SortedIds:

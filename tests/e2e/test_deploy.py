@@ -112,8 +112,10 @@ def test_every_file_the_dockerfile_copies_is_in_the_build_context() -> None:
     for source in sources:
         assert (ROOT / source).exists(), f"the Dockerfile copies {source}, which is not in the repository"
         assert source in allowed, f"{source} is left out of the build context by Dockerfile.dockerignore"
-    # setup.cfg's packages and its long description: what `pip wheel .` in the image reads.
-    assert {"protocol", "stores", "kiteq", "spark_jobs", "README.md", "pyproject.toml"} <= set(sources)
+    # setup.cfg's packages, its long description and setup.py (the compiled modules): what `pip wheel .` reads.
+    assert {"protocol", "stores", "kiteq", "spark_jobs", "README.md", "pyproject.toml", "setup.py"} <= set(
+        sources
+    )
 
 
 def test_the_image_runs_a_non_root_broker_with_a_volume_ports_and_a_healthcheck(
