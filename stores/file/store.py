@@ -56,7 +56,7 @@ from stores.file.ops import Op, encode_op
 from stores.file.options import FileStoreOptions, parse_uri
 from stores.file.records import RecordType
 from stores.file.recovery import Recovered, recover
-from stores.file.segment import Segment
+from stores.file.segment import Segment, read_runs
 from stores.file.snapshot import Snapshot
 from stores.file.writer import Batch, FsyncMode, Writer
 from stores.schedule import PROMOTE_STEP
@@ -609,10 +609,11 @@ def _limit(limit: int) -> int:
 
 
 def _read_payloads(wanted: list[tuple[Segment, int, int]]) -> list[bytes]:
-    """Worker thread: pread each record, in file order for locality, verified by CRC."""
-    order = sorted(range(len(wanted)), key=lambda i: (wanted[i][0].number, wanted[i][1]))
+    """Worker thread: the records' payloads, verified by CRC, read a run at a time in file order."""
     found: list[bytes] = [b""] * len(wanted)
-    for i in order:
-        segment, offset, length = wanted[i]
-        found[i] = segment.read_payload(offset, length)
+    for run in read_runs(wanted):
+        segment = wanted[run[0]][0]
+        payloads = segment.read_payloads([(wanted[i][1], wanted[i][2]) for i in run])
+        for i, payload in zip(run, payloads, strict=True):
+            found[i] = payload
     return found
