@@ -101,3 +101,15 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what:
             await trio.sleep(0.02)
         return
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class TaskSteps(trio.abc.Instrument):
+    """Counts the steps (runs until the next await) of tasks whose name ends with `suffix`."""
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith(self.suffix):
+            self.steps += 1

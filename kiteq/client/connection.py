@@ -69,13 +69,17 @@ class _Waiter:
         self.response: object | None = None
         self.timed_out = False
 
-    def finish(self, response: object | None = None, *, timed_out: bool = False) -> None:
-        """Wake the requester (once): with the answer, a timeout, or None for a closed connection."""
-        if not self.done:
-            self.done = True
-            self.response = response
-            self.timed_out = timed_out
-            trio.lowlevel.reschedule(self.task)
+    def finish(self, response: object | None = None, *, timed_out: bool = False) -> bool:
+        """Wake the requester (once): with the answer, a timeout, or None for a closed connection.
+
+        False if it was woken before (or gave up waiting)."""
+        if self.done:
+            return False
+        self.done = True
+        self.response = response
+        self.timed_out = timed_out
+        trio.lowlevel.reschedule(self.task)
+        return True
 
     async def wait(self) -> None:
         def abort(_: object) -> trio.lowlevel.Abort:
@@ -102,12 +106,15 @@ class ClientConnection:
         self.answers_due = answers_due
         self.session = Session(Role.CLIENT, max_frame_bytes=max_body)
         self.framed: FramedStream | None = None
+        # Requesters woken by an answer that have not run yet: each may send again.
+        self._answered_waiting = 0
         self._flushed = trio.Event()
         self.log = log.bind(broker=address, group=credentials.group)
 
     def _busy(self) -> bool:
-        """More frames are on their way: answers to our requests, or our answers to the broker's."""
-        return self.session.pending > 1 or self.answers_due() > 1
+        """More frames are on their way: answers to our requests, requesters about to send
+        again, or our answers to the broker's."""
+        return self.session.pending > 1 or self._answered_waiting > 0 or self.answers_due() > 1
 
     @property
     def alive(self) -> bool:
@@ -221,6 +228,8 @@ class ClientConnection:
 
     async def _answer_of(self, waiter: _Waiter, timeout: float) -> object:
         await waiter.wait()
+        if waiter.response is not None:
+            self._answered_waiting -= 1
         if waiter.timed_out:
             raise trio.TooSlowError(f"no answer from {self.address} within {timeout:g} s")
         if waiter.response is None:
@@ -244,7 +253,8 @@ class ClientConnection:
         answered = 0
         for event in self.session.receive_data(data):
             if type(event) is Answered:
-                event.request.finish(event.answer)
+                if event.request.finish(event.answer):
+                    self._answered_waiting += 1
                 answered += 1
                 if answered % ANSWER_BURST == 0:
                     await trio.lowlevel.checkpoint()

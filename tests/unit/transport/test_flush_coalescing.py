@@ -10,6 +10,7 @@ import trio
 import trio.testing
 
 from kiteq.transport import FramedStream
+from tests.helpers import TaskSteps
 
 
 class RecordingStream(trio.abc.HalfCloseableStream):
@@ -88,20 +89,9 @@ async def test_under_load_frames_of_tasks_ready_together_share_a_send(autojump_c
     assert sent[:1] == b"w" and sorted(sent[1:]) == [ord("x"), ord("y")], "one send; the two in Trio's order"
 
 
-class WriterSteps(trio.abc.Instrument):
-    """Counts the steps the write loop's task takes (a step: running until its next await)."""
-
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if task.name.endswith("write_loop"):
-            self.steps += 1
-
-
 async def _steps_from_wake_to_send(queue: Callable[[FramedStream], None]) -> int:
     """Steps the writer takes from being woken by `queue` to calling send_all, under load."""
-    steps = WriterSteps()
+    steps = TaskSteps("write_loop")
     at_send: list[int] = []
 
     class CountingStream(RecordingStream):

@@ -1,0 +1,138 @@
+"""FramedStream on an idle path: a frame is written from the caller's task, the writer
+never woken; under load, or behind anything still queued, it waits for the writer as
+before, and what the socket does not take goes out next, in order."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import pytest
+import trio
+import trio.testing
+
+from kiteq.transport import FramedStream
+
+_open: list[socket.socket] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_sockets() -> Iterator[None]:
+    yield
+    while _open:
+        _open.pop().close()
+
+
+def _pair(*, send_buffer: int = 0) -> tuple[trio.SocketStream, socket.socket]:
+    """Our end as a Trio stream; the peer's a plain non-blocking socket the test reads."""
+    ours, theirs = socket.socketpair()
+    if send_buffer:
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    theirs.setblocking(False)
+    _open.extend((ours, theirs))
+    return trio.SocketStream(trio.socket.from_stdlib_socket(ours)), theirs
+
+
+def _read_all(peer: socket.socket) -> bytes:
+    chunks = []
+    while True:
+        try:
+            chunk = peer.recv(1 << 20)
+        except BlockingIOError:
+            return b"".join(chunks)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+async def test_an_idle_frame_reaches_the_peer_without_the_writer() -> None:
+    stream, peer = _pair()
+    framed = FramedStream(stream)  # no write loop runs at all
+    framed.send(b"store-ack")
+    assert _read_all(peer) == b"store-ack"
+    assert framed.bytes_out == len(b"store-ack")
+
+
+async def test_deliveries_go_through_the_writer_even_when_idle() -> None:
+    sent: list[object] = []
+    stream, peer = _pair()
+    framed = FramedStream(stream, on_sent=sent.extend)
+    framed.send_bulk(b"delivery", "token")
+    assert _read_all(peer) == b"" and sent == []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(framed.write_loop)
+        await trio.testing.wait_all_tasks_blocked()
+        framed.finish()
+    assert _read_all(peer) == b"delivery" and sent == ["token"]
+
+
+async def test_under_load_frames_wait_for_the_writer() -> None:
+    stream, peer = _pair()
+    framed = FramedStream(stream, expect_more=lambda: True)
+    framed.send(b"a")
+    framed.send_bulk(b"b", None)
+    assert _read_all(peer) == b"", "nothing written until the writer runs"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(framed.write_loop)
+        await trio.testing.wait_all_tasks_blocked()
+        framed.finish()
+    assert _read_all(peer) == b"ab"
+
+
+async def test_what_the_socket_does_not_take_goes_first_and_in_order() -> None:
+    stream, peer = _pair(send_buffer=4096)
+    framed = FramedStream(stream)
+    big = bytes(range(256)) * 4096  # 1 MiB: far more than the socket takes at once
+    framed.send(big)
+    framed.send(b"after")  # behind the unsent rest: queued, not written past it
+    received = bytearray(_read_all(peer))
+    assert len(received) < len(big), "the socket took part of it"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(framed.write_loop)
+        framed.finish()
+        while len(received) < len(big) + len(b"after"):
+            await trio.testing.wait_all_tasks_blocked()
+            received += _read_all(peer)
+    assert bytes(received) == big + b"after"
+
+
+async def test_a_frame_queued_while_the_writer_sends_waits_its_turn() -> None:
+    stream, peer = _pair(send_buffer=4096)
+    framed = FramedStream(stream, expect_more=lambda: True)
+    big = b"x" * (1 << 20)
+    framed.send(big)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(framed.write_loop)
+        await trio.testing.wait_all_tasks_blocked()  # the writer is blocked in send_all
+        received = bytearray(_read_all(peer))  # room in the socket, the writer not yet woken
+        framed.expect_more = lambda: False  # idle now, but the writer holds the socket
+        framed.send(b"next")
+        framed.finish()
+        while len(received) < len(big) + 4:
+            await trio.testing.wait_all_tasks_blocked()
+            received += _read_all(peer)
+    assert bytes(received[-4:]) == b"next" and received.count(b"n") == 1
+
+
+async def test_a_closed_peer_ends_the_writer_not_the_sender() -> None:
+    stream, peer = _pair()
+    peer.close()
+    framed = FramedStream(stream)
+    for _ in range(3):  # EPIPE on the first write or the next: never raised here
+        framed.send(b"lost")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(framed.write_loop)
+    assert framed.closed
+
+
+async def test_over_tls_or_any_other_stream_frames_go_through_the_writer() -> None:
+    stream, peer = _pair()
+    wrapped = trio.StapledStream(stream, stream)  # any stream but a plain socket
+    framed = FramedStream(wrapped)
+    framed.send(b"a")
+    assert _read_all(peer) == b""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(framed.write_loop)
+        await trio.testing.wait_all_tasks_blocked()
+        framed.finish()
+    assert _read_all(peer) == b"a"
