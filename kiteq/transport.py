@@ -93,7 +93,10 @@ class FramedStream:
 
     def send(self, data: bytes) -> None:
         """Queue a control frame; raises OutboxOverflow if the peer stopped reading."""
-        if self._closed or self._sent_at_once(data):
+        if self._closed:
+            return
+        data = self._unsent_after_idle_write(data)
+        if not data:
             return
         self._outbox.append(data)
         self._outbox_bytes += len(data)
@@ -109,27 +112,21 @@ class FramedStream:
         self.bulk_bytes += len(data)
         self._wakeup.set()
 
-    def _sent_at_once(self, data: bytes) -> bool:
-        """On an idle path, write control frame `data` now; True if the socket took it, or
-        took part of it and the rest waits at the head of the outbox. False: queue it as
-        usual (not idle, TLS, a full socket, or a broken one, which the writer then finds
-        out about)."""
+    def _unsent_after_idle_write(self, data: bytes) -> bytes:
+        """On an idle path, write control frame `data` now; what the socket did not take
+        (all of it when not idle, over TLS, or on a full or broken socket, which the writer
+        then finds out about), to be queued for the writer."""
         if self._outbox or self._bulk or self._writing or self.expect_more():
-            return False
+            return data
         stream = self.stream
         if type(stream) is not trio.SocketStream:
-            return False
+            return data
         try:
             sent = os.write(stream.socket.fileno(), data)
         except OSError:  # BlockingIOError included
-            return False
+            return data
         self.bytes_out += sent
-        if sent < len(data):
-            rest = data[sent:]
-            self._outbox.append(rest)
-            self._outbox_bytes += len(rest)
-            self._wakeup.set()
-        return True
+        return data[sent:]
 
     async def write_loop(self) -> None:
         """Flush the outbox until `finish()` was called and all is sent, or the peer goes away."""
