@@ -104,12 +104,17 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what:
 
 
 class TaskSteps(trio.abc.Instrument):
-    """Counts the steps (runs until the next await) of tasks whose name ends with `suffix`."""
+    """Counts the steps (runs until the next await) of the tasks running `function`.
 
-    def __init__(self, suffix: str) -> None:
-        self.suffix = suffix
+    `function` is a qualified name (`FramedStream.write_loop`). Trio names a task after its
+    function's module and qualified name, or, for a method compiled with mypyc (which has
+    no `__module__`), after the bound method's repr: both mention the qualified name.
+    """
+
+    def __init__(self, function: str) -> None:
+        self.function = function
         self.steps = 0
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if task.name.endswith(self.suffix):
+        if self.function in task.name:
             self.steps += 1

@@ -91,7 +91,7 @@ async def test_under_load_frames_of_tasks_ready_together_share_a_send(autojump_c
 
 async def _steps_from_wake_to_send(queue: Callable[[FramedStream], None]) -> int:
     """Steps the writer takes from being woken by `queue` to calling send_all, under load."""
-    steps = TaskSteps("write_loop")
+    steps = TaskSteps("FramedStream.write_loop")
     at_send: list[int] = []
 
     class CountingStream(RecordingStream):
