@@ -45,8 +45,8 @@ COMPILED = [
     "kiteq/server/routing.py",
     "kiteq/server/validate.py",
     "kiteq/client/message.py",
-    # The glue a message passes through. The store's writer thread and the client's Producer
-    # and Consumer stay interpreted: mypy 2.4.1's mypyc emits C that does not build for them.
+    # The glue a message passes through. The client's Producer and Consumer stay interpreted:
+    # mypyc's C for their decorated `__init__` (keyword options) does not build.
     "kiteq/server/delivery/dispatcher.py",
     "kiteq/server/delivery/lanes.py",
     "kiteq/server/groups.py",
@@ -54,6 +54,10 @@ COMPILED = [
     "kiteq/server/connection.py",
     "kiteq/transport.py",
     "stores/file/store.py",
+    "stores/file/writer.py",
+    "stores/file/segment.py",
+    "stores/file/layout.py",
+    "kiteq/server/delivery/recover.py",
     "kiteq/client/connection.py",
 ]
 

@@ -167,9 +167,10 @@ class Writer:
         self.fsyncs = 0
         self.batches = 0
         self.batched_records = 0
-        self._thread = threading.Thread(target=self._run, name=f"kiteq-store-writer:{directory}", daemon=True)
+        # Not `_thread`: compiled, the attribute's C name would be `__thread`, a C keyword.
+        self._worker = threading.Thread(target=self._run, name=f"kiteq-store-writer:{directory}", daemon=True)
         self._compactor: threading.Thread | None = None
-        self._thread.start()
+        self._worker.start()
 
     # -- Trio side ------------------------------------------------------------------------
 
@@ -314,7 +315,7 @@ class Writer:
         await trio.to_thread.run_sync(self._join)
 
     def _join(self) -> None:
-        self._thread.join()
+        self._worker.join()
         if self._compactor is not None:
             self._compactor.join()
         if self._log_fd is not None:
