@@ -104,17 +104,22 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what:
 
 
 class TaskSteps(trio.abc.Instrument):
-    """Counts the steps (runs until the next await) of the tasks running `function`.
+    """Counts the steps (runs until the next await) of the tasks running `function`, and
+    records what `observe` returns before each of them (in `seen`), when given.
 
     `function` is a qualified name (`FramedStream.write_loop`). Trio names a task after its
     function's module and qualified name, or, for a method compiled with mypyc (which has
     no `__module__`), after the bound method's repr: both mention the qualified name.
     """
 
-    def __init__(self, function: str) -> None:
+    def __init__(self, function: str, observe: Callable[[], int] | None = None) -> None:
         self.function = function
+        self.observe = observe
         self.steps = 0
+        self.seen: list[int] = []
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         if self.function in task.name:
             self.steps += 1
+            if self.observe is not None:
+                self.seen.append(self.observe())

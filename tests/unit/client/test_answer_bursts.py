@@ -14,6 +14,7 @@ import trio
 from kiteq.client.connection import ANSWER_BURST, ClientConnection, Credentials
 from protocol import Cmd, pb
 from protocol.framing import FrameDecoder, encode_frame
+from tests.helpers import TaskSteps
 from tests.wire import header
 
 WINDOW = 100
@@ -49,24 +50,13 @@ async def _broker(stream: trio.SocketStream) -> None:
             await stream.send_all(b"".join(acks))
 
 
-class WriterSteps(trio.abc.Instrument):
-    """How many of the woken senders had resumed each time the client's writer task ran."""
-
-    def __init__(self, resumed: list[int]) -> None:
-        self.resumed = resumed
-        self.seen: list[int] = []
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if "ClientConnection._write" in task.name:  # a compiled method's task is named by its repr
-            self.seen.append(len(self.resumed))
-
-
 async def test_the_writer_runs_before_every_answered_sender_has_resumed() -> None:
     assert ANSWER_BURST < WINDOW
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     resumed: list[int] = []
-    steps = WriterSteps(resumed)
+    # How many of the woken senders had resumed each time the client's writer task ran.
+    steps = TaskSteps("ClientConnection._write", observe=lambda: len(resumed))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(trio.serve_listeners, _broker, listeners)
         connection = ClientConnection(f"127.0.0.1:{port}", Credentials("order-svc", "secret"))
