@@ -38,6 +38,12 @@ through the writer, which alone bounds how much of them a control frame can find
 of it (a slow reader's heartbeat replies came about a tenth later when idle deliveries
 went straight to its socket) and starts their timeouts as it hands them over. Over TLS
 every frame goes through the writer: the TLS stream is Trio's to drive.
+
+The writer, too, writes a plain socket directly, and waits (`wait_writable`) only when
+the socket is full. Trio's `send_all` yields once more after a send that did not wait,
+a turn of the event loop per flush that an idle path paid for each delivery; the
+writer instead yields before sending on when more is queued, so it never keeps the
+others from running.
 """
 
 from __future__ import annotations
@@ -118,11 +124,11 @@ class FramedStream:
         then finds out about), to be queued for the writer."""
         if self._outbox or self._bulk or self._writing or self.expect_more():
             return data
-        stream = self.stream
-        if type(stream) is not trio.SocketStream:
+        socket = _plain_socket(self.stream)
+        if socket is None:
             return data
         try:
-            sent = os.write(stream.socket.fileno(), data)
+            sent = os.write(socket.fileno(), data)
         except OSError:  # BlockingIOError included
             return data
         self.bytes_out += sent
@@ -145,12 +151,14 @@ class FramedStream:
                 data = b"".join(batch)
                 self._writing = True
                 try:
-                    await self.stream.send_all(data)
+                    waited = await self._send_all(data)
                 finally:
                     self._writing = False
                 self.bytes_out += len(data)
                 if tokens:
                     self.on_sent(tokens)
+                if not waited and (self._outbox or self._bulk):
+                    await trio.lowlevel.checkpoint()  # sending on without a pause would starve the others
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._closed = True
             self._outbox.clear()
@@ -189,3 +197,29 @@ class FramedStream:
                 await on_data(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
+
+    async def _send_all(self, data: bytes) -> bool:
+        """Send all of `data`; whether it had to wait for the socket. To a plain socket it is
+        written directly, and a send the socket takes at once does not yield."""
+        socket = _plain_socket(self.stream)
+        if socket is None:
+            await self.stream.send_all(data)
+            return True
+        waited = False
+        view = memoryview(data)
+        while view:
+            try:
+                sent = os.write(socket.fileno(), view)  # not inside the slice: mypyc would call it twice
+            except BlockingIOError:
+                waited = True
+                await trio.lowlevel.wait_writable(socket)
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(str(exc)) from exc
+            view = view[sent:]
+        return waited
+
+
+def _plain_socket(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
+    """The socket under a plain TCP stream, None over TLS (whose stream Trio must drive)."""
+    return stream.socket if type(stream) is trio.SocketStream else None

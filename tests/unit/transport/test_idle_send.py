@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 from kiteq.transport import FramedStream
+from tests.helpers import TaskSteps
 
 _open: list[socket.socket] = []
 
@@ -136,3 +137,48 @@ async def test_over_tls_or_any_other_stream_frames_go_through_the_writer() -> No
         await trio.testing.wait_all_tasks_blocked()
         framed.finish()
     assert _read_all(peer) == b"a"
+
+
+async def test_a_flush_the_socket_takes_at_once_costs_the_writer_one_step() -> None:
+    # Trio's send_all yields once more after a send that did not wait: a turn of the
+    # event loop per flush, which on an idle path each delivery paid for alone.
+    stream, peer = _pair()
+    framed = FramedStream(stream)
+    steps = TaskSteps("FramedStream.write_loop")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(framed.write_loop)
+        await trio.testing.wait_all_tasks_blocked()
+        trio.lowlevel.add_instrument(steps)
+        try:
+            for index in range(3):
+                framed.send_bulk(b"delivery %d;" % index, index)
+                await trio.testing.wait_all_tasks_blocked()
+        finally:
+            trio.lowlevel.remove_instrument(steps)
+        framed.finish()
+    assert _read_all(peer) == b"delivery 0;delivery 1;delivery 2;"
+    assert steps.steps == 3
+
+
+async def test_a_writer_that_keeps_finding_frames_still_lets_the_others_run() -> None:
+    stream, peer = _pair()
+    sends: list[object] = []
+
+    def queue_another(tokens: list[object]) -> None:
+        sends.extend(tokens)
+        if len(sends) < 5:
+            framed.send_bulk(b"more;", len(sends))
+
+    framed = FramedStream(stream, on_sent=queue_another)
+    steps = TaskSteps("FramedStream.write_loop")
+    trio.lowlevel.add_instrument(steps)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(framed.write_loop)
+            framed.send_bulk(b"first;", 0)
+            await trio.testing.wait_all_tasks_blocked()
+            framed.finish()
+    finally:
+        trio.lowlevel.remove_instrument(steps)
+    assert _read_all(peer) == b"first;" + b"more;" * 4
+    assert steps.steps >= 5, "a step per send: it yielded before each next one"
