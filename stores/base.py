@@ -97,14 +97,16 @@ def stage_walk(
 
 @dataclass(frozen=True, slots=True)
 class Staged:
-    """Messages handed to a store: which were new, and how to wait until they are durable."""
+    """Messages handed to a store: which were new, and how to wait until they are durable
+    (`durable()` yields only if it has to wait: a producer's store-ack pays for every turn
+    of the event loop)."""
 
     saved: list[bool]
     durable: Callable[[], Awaitable[None]]
 
 
 async def _already_durable() -> None:
-    await trio.lowlevel.checkpoint()
+    """Nothing to wait for: `save_many` stored them durably already."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -213,14 +213,14 @@ class FileStore(MessageStore):
     async def stage_many(self, entities: Sequence[MessageEntity]) -> Staged:
         """Indexed (and in the write cache) at once; durable when their batches are written.
 
-        Not a checkpoint: `durable()` is, and a lone save's every turn of the event loop
-        shows in its round trip.
+        Not a checkpoint, nor is `durable()` when the save was written in place: a lone
+        save's every turn of the event loop shows in its round trip.
         """
         writer = self._writable()
         answers = [self._append(writer, entity) for entity in entities]
         duplicate = None in answers and not writer.settled()
         batches = [*answers, writer.sync() if duplicate else None]
-        return Staged([batch is not None for batch in answers], functools.partial(self._wait_for, batches))
+        return Staged([batch is not None for batch in answers], functools.partial(self._durable, batches))
 
     def _append(self, writer: Writer, entity: MessageEntity) -> Batch | None:
         """Log a new message and index it; the batch that writes it, None for a stored id."""
@@ -299,11 +299,20 @@ class FileStore(MessageStore):
     async def _wait_for(batches: Iterable[Batch | None]) -> None:
         """Wait for every distinct batch given (None: nothing to wait for)."""
         waited = False
-        for batch in {id(b): b for b in batches if b is not None}.values():
+        for batch in _distinct(batches):
             await batch.wait()
             waited = True
         if not waited:
             await trio.lowlevel.checkpoint()
+
+    @staticmethod
+    async def _durable(batches: Iterable[Batch | None]) -> None:
+        """`Staged.durable`: like `_wait_for`, but a checkpoint only when a batch is still
+        being written. A lone save is written in place (`Writer.flush`), and its store-ack
+        then goes out in the same turn of the event loop as its message came in: on an idle
+        path each turn shows in a producer's round trip."""
+        for batch in _distinct(batches):
+            await batch.wait(checkpoint=False)
 
     def _apply(self, writer: Writer, ops: Sequence[Op]) -> tuple[list[bool], Batch | None]:
         """Apply `ops` to the index and log them with one append: (answers, the batch to wait for).
@@ -603,6 +612,11 @@ class FileStore(MessageStore):
     def _readable(self) -> None:
         if self._state != "open":
             raise StoreError(f"the file store {self.directory} is not open (state: {self._state})")
+
+
+def _distinct(batches: Iterable[Batch | None]) -> list[Batch]:
+    """Each batch once (several messages of a save share one), without the Nones."""
+    return list({id(batch): batch for batch in batches if batch is not None}.values())
 
 
 def _limit(limit: int) -> int:

@@ -47,14 +47,25 @@ log = structlog.get_logger(__name__)
 # to write it with. A crash of the process in between loses them: messages are then
 # delivered again (at-least-once), never lost.
 LAZY_WRITE_DELAY = 0.005
-# A batch written on the Trio thread (see `Writer.flush`) that took longer than this means
-# the disk is stalling: the event loop must not wait on it again, so for INLINE_PAUSE
-# seconds every batch goes to the writer thread. One such write stalls the loop at most
-# once per pause (a normal one takes 0.1-0.3 ms here).
+# A batch written on the Trio thread (see `Writer.flush`) that took longer than this held
+# up the event loop (a normal one takes 0.1-0.3 ms here): for a while every batch goes to
+# the writer thread (`inline_pause`).
 INLINE_WRITE_LIMIT = 0.002
-INLINE_PAUSE = 30.0
+# The pause lasts this many times as long as the slow write took, so slow writes in place
+# hold up the event loop for about 1 % of the time at most: a hiccup costs the fast path
+# little (a 3 ms write pauses it for 0.3 s), a stall a long while (up to INLINE_PAUSE_MAX).
+INLINE_PAUSE_FACTOR = 100.0
+INLINE_PAUSE_MAX = 30.0
+# Pauses this long or longer are logged (at most one line a second): the disk is stalling.
+LOGGED_PAUSE = 1.0
 # Linux 4.7 and later; elsewhere every synced write is a write and then an fdatasync.
 RWF_DSYNC: int = getattr(os, "RWF_DSYNC", 0)
+
+
+def inline_pause(took: float, limit: float, factor: float = INLINE_PAUSE_FACTOR) -> float:
+    """How long batches go to the writer thread after a write in place that took `took`
+    seconds: none if it took no longer than `limit`, else `factor` times as long, capped."""
+    return 0.0 if took <= limit else min(INLINE_PAUSE_MAX, factor * took)
 
 
 class FsyncMode(enum.StrEnum):
@@ -103,11 +114,20 @@ class Batch:
     def empty(self) -> bool:
         return not (self.data or self.log or self.reclaim or self.durable or self.snapshot)
 
-    async def wait(self) -> None:
-        """Return once the batch is written (and fsynced if it had to be); raise if that failed."""
+    async def wait(self, *, checkpoint: bool = True) -> None:
+        """Return once the batch is written (and fsynced if it had to be); raise if that failed.
+
+        Asking for it has it written (`Writer.flush`: in place when the store is idle);
+        `checkpoint=False` then returns without yielding, for a caller whose every turn of
+        the event loop shows in a round trip.
+        """
         if not self.done.is_set():
             self._flush(self)
-        await self.done.wait()
+        if self.done.is_set():
+            if checkpoint:
+                await trio.lowlevel.checkpoint()
+        else:
+            await self.done.wait()
         if self.error is not None:
             raise self.error
 
@@ -143,6 +163,7 @@ class Writer:
         self._sleeping = False
         self._stopping = False
         self.inline_write_limit = INLINE_WRITE_LIMIT
+        self.inline_pause_factor = INLINE_PAUSE_FACTOR
         self._inline_paused_until = 0.0
         self._cut: list[Batch] = []
         self._seq = 1
@@ -239,8 +260,9 @@ class Writer:
         a lone save's round trip (a producer awaiting each store-ack: about 1.2x the rate).
         Otherwise (under load, or out of turn) the writer thread is woken, and batches
         fill while it writes. A write here slower than `inline_write_limit` pauses this
-        for INLINE_PAUSE seconds, so a stalling disk holds up the event loop once, not
-        on every save.
+        for a hundred times as long (`inline_pause`), so a stalling disk holds up the
+        event loop once in a while, never on every save, and a single slow write on a
+        busy machine does not cost every lone save its fast path for long.
         """
         with self._lock:
             inline = (
@@ -264,13 +286,15 @@ class Writer:
         finally:
             self._io.release()
         took = time.monotonic() - started
-        if took > self.inline_write_limit:
-            self._inline_paused_until = started + took + INLINE_PAUSE
+        pause = inline_pause(took, self.inline_write_limit, self.inline_pause_factor)
+        if pause:
+            self._inline_paused_until = started + took + pause
+        if pause >= LOGGED_PAUSE:
             log.warning(
                 "store.slow_write",
                 store=str(self.directory),
                 seconds=round(took, 4),
-                detail=f"batches go through the writer thread for the next {INLINE_PAUSE:g} s",
+                detail=f"batches go through the writer thread for the next {pause:.3g} s",
             )
         self._finished([batch])
 

@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import trio
@@ -15,6 +17,8 @@ from stores import MessageEntity, StoreCorrupted, StoreError, StoreLocked
 from stores.file import FileStore, layout
 from stores.file.records import HEADER_SIZE, Scan
 from stores.file.writer import RWF_DSYNC
+
+InstrumentT = TypeVar("InstrumentT", bound=trio.abc.Instrument)
 
 
 def message(body: bytes = b"x" * 1000, **fields: object) -> MessageEntity:
@@ -126,14 +130,22 @@ async def test_a_lone_save_is_written_in_place_not_handed_to_the_writer_thread(t
 
 async def lone_saves_waiting_on_the_writer_thread(store: FileStore, saves: int) -> int:
     """How many of `saves` lone saves made the event loop sleep until another thread woke it."""
-    waits = BlockingWaits()
-    trio.lowlevel.add_instrument(waits)
-    try:
+
+    async def save_them() -> None:
         for _ in range(saves):
             await store.save(message())
+
+    return (await instrumented(BlockingWaits(), save_them)).count
+
+
+async def instrumented(instrument: InstrumentT, run: Callable[[], Awaitable[None]]) -> InstrumentT:
+    """`instrument` after watching the event loop while `run()` is awaited."""
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        await run()
     finally:
-        trio.lowlevel.remove_instrument(waits)
-    return waits.count
+        trio.lowlevel.remove_instrument(instrument)
+    return instrument
 
 
 async def test_a_slow_write_in_place_sends_later_saves_to_the_writer_thread(tmp_path: Path) -> None:
@@ -141,13 +153,46 @@ async def test_a_slow_write_in_place_sends_later_saves_to_the_writer_thread(tmp_
         await store.save(message())
         writer = store._writer
         assert writer is not None
-        writer.inline_write_limit = 0.0  # every write counts as a stall of the disk
+        writer.inline_write_limit = 0.0  # every write counts as a stall of the disk,
+        writer.inline_pause_factor = 1e6  # one that pauses writes in place for long
         assert await lone_saves_waiting_on_the_writer_thread(store, 1) == 0, (
             "the first is still written in place"
         )
         assert await lone_saves_waiting_on_the_writer_thread(store, 3) == 3, "then each waits for the thread"
         details = (await store.stats()).details
     assert details["fsyncs"] >= 5, "each save still synced before it returned"
+
+
+class Yields(trio.abc.Instrument):
+    """Counts how often `task` is resumed: once per time it yielded to the event loop."""
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        self.count = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.count += 1
+
+
+async def yields_in(wait: Callable[[], Awaitable[None]]) -> int:
+    """How often the calling task yields while awaiting `wait()`."""
+    return (await instrumented(Yields(trio.lowlevel.current_task()), wait)).count
+
+
+async def test_a_lone_save_is_durable_without_a_turn_of_the_event_loop(tmp_path: Path) -> None:
+    # The broker acks a producer once `durable()` returns: on an idle path each turn of the
+    # event loop shows in a producer's round trip, so a save written in place costs none.
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        await store.save(message())
+        fsyncs = (await store.stats()).details["fsyncs"]
+        staged = await store.stage_many([message()])
+        assert await yields_in(staged.durable) == 0
+        assert (await store.stats()).details["fsyncs"] == fsyncs + 1, "synced before it returned"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep, 0)  # another task is ready: no write in place now
+            staged = await store.stage_many([message()])
+            assert await yields_in(staged.durable) >= 1, "waited for the writer thread"
 
 
 async def test_a_save_nobody_waits_for_is_still_written_by_the_close(tmp_path: Path) -> None:
