@@ -5,7 +5,8 @@ into it, writes what it answers, and runs what its events ask for. Handling that
 waits (storing messages, applying a tx decision) runs as a task in the connection's
 own nursery. The messages of one read are stored by one task (one save for them all),
 and at most `max_inflight_per_connection` messages are being stored at once, so a fast
-producer is slowed by TCP back-pressure instead of growing our memory. Replies and
+producer is slowed by TCP back-pressure instead of growing our memory. A lone message
+on a connection with nothing else in flight is stored by the reader itself (`_store`). Replies and
 deliveries go through the FramedStream outbox.
 
 Before the peer has authenticated, the whole connection (TLS handshake included) has
@@ -315,7 +316,17 @@ class BrokerConnection:
             self._idle_scope.deadline = deadline
 
     async def _store(self, messages: list[MessageReceived]) -> None:
-        """Hand a read's messages to store tasks, no more per task than may be in flight at all."""
+        """Hand a read's messages to store tasks, no more per task than may be in flight at all.
+
+        A lone message on a connection with nothing else being handled (a producer awaiting
+        each store-ack) is stored by the reader itself: a task of its own would cost a turn
+        of the event loop, which its store-ack would wait for. A store that must wait (the
+        disk busy) then holds up only this connection's next reads.
+        """
+        if len(messages) == 1 and not self._handling.used:
+            await self._handling.take()
+            await self._run_bounded(1, self.host.handlers.produce, (self, messages))
+            return
         chunk = max(1, self._handling.limit)
         for start in range(0, len(messages), chunk):
             part = messages[start : start + chunk]
