@@ -3,7 +3,7 @@
 A segment's descriptor is shared by the writer (pwritev at reserved offsets) and
 readers (pread), so neither moves a file position. Reclamation unlinks the file
 while readers may still hold the descriptor; it is closed once the last reader is
-done (`readers` is counted on the Trio thread).
+done (`readers` is counted on the Trio thread), on a thread of its own.
 """
 
 from __future__ import annotations
@@ -42,9 +42,12 @@ class Segment:
             self.fd = None
 
     def close_if_unused(self) -> None:
-        """Close a retired segment's descriptor once no reader holds it."""
-        if self.retired and self.readers == 0:
-            self.close()
+        """Close a retired segment's descriptor once no reader holds it. The file is unlinked
+        already, so this last close frees its blocks: `layout.release` does it on a thread
+        of its own, never on the caller's (the event loop's)."""
+        if self.retired and self.readers == 0 and self.fd is not None:
+            fd, self.fd = self.fd, None
+            layout.release(fd)
 
     def read_payload(self, offset: int, length: int) -> bytes:
         """The verified payload of the record at `offset` (worker thread)."""

@@ -104,10 +104,10 @@ def write(directory: Path, snapshot: Snapshot) -> int:
     listing = layout.list_files(directory)
     for generation in listing.logs:
         if generation < snapshot.generation:
-            layout.path_of(directory, layout.LOG, generation).unlink(missing_ok=True)
+            layout.remove(layout.path_of(directory, layout.LOG, generation))
     for generation in listing.snapshots:
         if generation < snapshot.generation:
-            layout.path_of(directory, layout.SNAPSHOT, generation).unlink(missing_ok=True)
+            layout.remove(layout.path_of(directory, layout.SNAPSHOT, generation))
     layout.fsync_dir(directory)
     return size
 
