@@ -220,7 +220,7 @@ class FileStore(MessageStore):
         answers = [self._append(writer, entity) for entity in entities]
         duplicate = None in answers and not writer.settled()
         batches = [*answers, writer.sync() if duplicate else None]
-        return Staged([batch is not None for batch in answers], functools.partial(self._durable, batches))
+        return Staged([batch is not None for batch in answers], functools.partial(self._written, batches))
 
     def _append(self, writer: Writer, entity: MessageEntity) -> Batch | None:
         """Log a new message and index it; the batch that writes it, None for a stored id."""
@@ -285,8 +285,11 @@ class FileStore(MessageStore):
         return answers[1::2]
 
     async def finish_many(self, message_ids: Sequence[str]) -> list[bool]:
+        """Not a checkpoint unless it waits for a write (`fsync=always`): its caller, the
+        broker's outcome recorder, yields just before, and a lone round's outcome would
+        otherwise cost a second turn of the event loop."""
         answers, batch = self._apply(self._writable(), [Op(RecordType.FINISH, i, 0, 0) for i in message_ids])
-        await self._wait_for((batch,))
+        await self._written((batch,))
         return answers
 
     async def _change(self, op: Op) -> bool:
@@ -306,11 +309,11 @@ class FileStore(MessageStore):
             await trio.lowlevel.checkpoint()
 
     @staticmethod
-    async def _durable(batches: Iterable[Batch | None]) -> None:
-        """`Staged.durable`: like `_wait_for`, but a checkpoint only when a batch is still
-        being written. A lone save is written in place (`Writer.flush`), and its store-ack
-        then goes out in the same turn of the event loop as its message came in: on an idle
-        path each turn shows in a producer's round trip."""
+    async def _written(batches: Iterable[Batch | None]) -> None:
+        """Like `_wait_for`, but a checkpoint only when a batch is still being written: for
+        callers whose every turn of the event loop shows. `Staged.durable` is one: a lone
+        save is written in place (`Writer.flush`), and its store-ack then goes out in the
+        same turn as its message came in."""
         for batch in _distinct(batches):
             await batch.wait(checkpoint=False)
 

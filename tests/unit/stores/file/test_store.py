@@ -195,6 +195,21 @@ async def test_a_lone_save_is_durable_without_a_turn_of_the_event_loop(tmp_path:
             assert await yields_in(staged.durable) >= 1, "waited for the writer thread"
 
 
+async def test_finishing_in_batch_mode_costs_no_turn_of_the_event_loop(tmp_path: Path) -> None:
+    # The outcome recorder yields just before it finishes the rounds that completed; the
+    # finishes are logged lazily in batch mode, so a second yield would only cost a turn.
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        entity = message()
+        await store.save(entity)
+        answers: list[list[bool]] = []
+
+        async def finish() -> None:
+            answers.append(await store.finish_many([entity.message_id]))
+
+        assert await yields_in(finish) == 0
+        assert answers == [[True]] and await store.get(entity.message_id) is None
+
+
 async def test_a_save_nobody_waits_for_is_still_written_by_the_close(tmp_path: Path) -> None:
     kept = message()
     async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
