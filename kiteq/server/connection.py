@@ -6,8 +6,8 @@ waits (storing messages, applying a tx decision) runs as a task in the connectio
 own nursery. The messages of one read are stored by one task (one save for them all),
 and at most `max_inflight_per_connection` messages are being stored at once, so a fast
 producer is slowed by TCP back-pressure instead of growing our memory. A lone message
-on a connection with nothing else in flight is stored by the reader itself (`_store`). Replies and
-deliveries go through the FramedStream outbox.
+on a connection with nothing else in flight is stored by the reader itself (`_store`).
+Replies and deliveries go through the FramedStream outbox.
 
 Before the peer has authenticated, the whole connection (TLS handshake included) has
 `handshake_timeout` to prove itself, reads are no larger than the pre-auth frame limit,
