@@ -111,10 +111,14 @@ def remove(path: Path) -> None:
     doomed.unlink(missing_ok=True)
 
 
-def release(fd: int) -> threading.Thread:
+def release(fd: int) -> threading.Thread | None:
     """Close the last descriptor of an unlinked file on a thread of its own, its blocks
     freed REMOVE_STEP at a time first: closing it frees them all at once, and the caller
-    (the event loop's thread, for a reclaimed segment) would wait for that. The thread."""
+    (the event loop's thread, for a reclaimed segment) would wait for that. The thread;
+    None for a file of one step or less, closed at once (there is little to free)."""
+    if os.fstat(fd).st_size <= REMOVE_STEP:
+        os.close(fd)
+        return None
     thread = threading.Thread(target=_free, args=(fd,), name="kiteq-store-free", daemon=True)
     thread.start()
     return thread

@@ -56,7 +56,7 @@ def test_release_closes_an_unlinked_file_on_a_thread_of_its_own(
     fd = os.open(path, os.O_RDWR)
     path.unlink()
     thread = layout.release(fd)
-    assert thread.name == "kiteq-store-free"
+    assert thread is not None and thread.name == "kiteq-store-free"
     thread.join(10)
     assert sizes == [SIZE - step * layout.REMOVE_STEP for step in range(1, 6)]
     with pytest.raises(OSError):
@@ -67,6 +67,18 @@ def test_release_of_a_read_only_descriptor_still_closes_it(tmp_path: Path) -> No
     path = big_file(tmp_path / "0000000003.seg")
     fd = os.open(path, os.O_RDONLY)
     path.unlink()
-    layout.release(fd).join(10)
+    thread = layout.release(fd)
+    assert thread is not None
+    thread.join(10)
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+def test_a_small_file_is_closed_at_once_without_a_thread(tmp_path: Path) -> None:
+    path = tmp_path / "0000000003.seg"
+    path.write_bytes(b"x" * 8192)
+    fd = os.open(path, os.O_RDWR)
+    path.unlink()
+    assert layout.release(fd) is None
     with pytest.raises(OSError):
         os.fstat(fd)
