@@ -2,10 +2,14 @@
 
 Two lanes go out: *control* frames (auth, store acks, heartbeat replies, questions)
 and *bulk* frames (deliveries). Control frames always go first, and a send takes at
-most `BULK_SEND_BYTES` of bulk, so a consumer that reads slowly still gets its
-heartbeat replies behind a bounded amount of data. What bulk waits is the owner's to
-bound (`bulk_bytes`, the back-pressure signal); `on_sent` tells the owner which bulk
-frames left for the socket, so a delivery's timeout starts when it was really sent.
+most `BULK_SEND_BYTES` of bulk. A send that finds the socket full and, once it may go
+on, control frames queued meanwhile, stops at the end of the bulk frame it is in: the
+rest of its bulk goes back to the head of the lane, behind them. So a consumer that
+reads slowly gets its heartbeat replies behind what its socket holds and one frame,
+not behind a whole send's worth (which at 200 KB/s was over a second). What bulk waits
+is the owner's to bound (`bulk_bytes`, the back-pressure signal); `on_sent` tells the
+owner which bulk frames left for the socket, so a delivery's timeout starts when it was
+really sent.
 
 Both the broker's and the clients' connections use it: bytes read go to the owner
 (which feeds its `protocol.Session`), encoded frames go out through the outbox. Writes never block the
@@ -49,8 +53,10 @@ others from running.
 from __future__ import annotations
 
 import os
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Awaitable, Callable
+from itertools import accumulate
 
 import structlog
 import trio
@@ -146,17 +152,22 @@ class FramedStream:
                     continue
                 if not self._bulk and self._outbox_bytes < FLUSH_NOW_BYTES and self.expect_more():
                     await trio.lowlevel.checkpoint()  # the tasks ready now add their frames first
-                batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
-                tokens = self._take_bulk(batch)
-                data = b"".join(batch)
+                control, self._outbox, self._outbox_bytes = self._outbox, [], 0
+                bulk = self._take_bulk()
+                frames = [frame for frame, _ in bulk]
+                data = b"".join(control + frames)
+                # Where a send may stop: after the control frames, and after each bulk frame.
+                stops = list(accumulate(map(len, frames), initial=sum(map(len, control))))
                 self._writing = True
                 try:
-                    waited = await self._send_all(data)
+                    sent, waited = await self._send(data, stops)
                 finally:
                     self._writing = False
-                self.bytes_out += len(data)
-                if tokens:
-                    self.on_sent(tokens)
+                self.bytes_out += sent
+                frames_sent = bisect_right(stops, sent) - 1
+                self._return_bulk(bulk[frames_sent:])
+                if frames_sent:
+                    self.on_sent([token for _, token in bulk[:frames_sent]])
                 if not waited and (self._outbox or self._bulk):
                     await trio.lowlevel.checkpoint()  # sending on without a pause would starve the others
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -165,18 +176,22 @@ class FramedStream:
             self._bulk.clear()
             self.bulk_bytes = 0
 
-    def _take_bulk(self, batch: list[bytes]) -> list[object]:
-        """Move up to BULK_SEND_BYTES of bulk frames (at least one) into `batch`; their tokens."""
+    def _take_bulk(self) -> list[tuple[bytes, object]]:
+        """Up to BULK_SEND_BYTES of bulk frames (at least one, if any wait), with their tokens."""
         bulk = self._bulk
-        tokens: list[object] = []
-        taken = 0
-        while bulk and (not tokens or taken < BULK_SEND_BYTES):
-            data, token = bulk.popleft()
-            batch.append(data)
-            tokens.append(token)
-            taken += len(data)
-        self.bulk_bytes -= taken
-        return tokens
+        taken: list[tuple[bytes, object]] = []
+        size = 0
+        while bulk and (not taken or size < BULK_SEND_BYTES):
+            frame = bulk.popleft()
+            taken.append(frame)
+            size += len(frame[0])
+        self.bulk_bytes -= size
+        return taken
+
+    def _return_bulk(self, unsent: list[tuple[bytes, object]]) -> None:
+        """Put bulk frames a send stopped before back at the head of the lane, in order."""
+        self._bulk.extendleft(reversed(unsent))
+        self.bulk_bytes += sum(len(frame) for frame, _ in unsent)
 
     def finish(self) -> None:
         """Accept no more frames; the write loop returns once the outbox is flushed."""
@@ -198,26 +213,35 @@ class FramedStream:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
 
-    async def _send_all(self, data: bytes) -> bool:
-        """Send all of `data`; whether it had to wait for the socket. To a plain socket it is
-        written directly, and a send the socket takes at once does not yield."""
+    async def _send(self, data: bytes, stops: list[int]) -> tuple[int, bool]:
+        """Send `data`; how much was sent, and whether it had to wait for the socket.
+
+        To a plain socket it is written directly, and a send the socket takes at once does
+        not yield. If it had to wait and control frames were queued meanwhile, it stops at
+        the first of `stops` (ascending offsets) not yet passed, so they go next.
+        """
         socket = _plain_socket(self.stream)
         if socket is None:
             await self.stream.send_all(data)
-            return True
+            return len(data), True
         waited = False
         view = memoryview(data)
-        while view:
+        sent = 0
+        end = len(data)
+        while sent < end:
             try:
-                sent = os.write(socket.fileno(), view)  # not inside the slice: mypyc would call it twice
+                # Assigned, never called inside a slice's bounds: mypyc would call it twice.
+                written = os.write(socket.fileno(), view[sent:end])
             except BlockingIOError:
                 waited = True
                 await trio.lowlevel.wait_writable(socket)
+                if self._outbox:
+                    end = min(end, stops[bisect_left(stops, sent)])
                 continue
             except OSError as exc:
                 raise trio.BrokenResourceError(str(exc)) from exc
-            view = view[sent:]
-        return waited
+            sent += written
+        return sent, waited
 
 
 def _plain_socket(stream: trio.abc.Stream) -> trio.socket.SocketType | None:

@@ -25,7 +25,9 @@ class SlowReader:
         self.heartbeat_every = heartbeat_every
         self.deliveries: list[tuple[str, str]] = []  # (message id, deliver count)
         self.heartbeat_waits: list[float] = []
-        self.sent_heartbeats: dict[int, float] = {}
+        self.bytes_ahead_of_heartbeats: list[int] = []  # read between a heartbeat and its reply
+        self.sent_heartbeats: dict[int, tuple[float, int]] = {}  # opaque: (time, bytes read by then)
+        self.bytes_read = 0
         self._sending = trio.Lock()  # acks and heartbeats come from two tasks
 
     async def _send(self, stream: trio.SocketStream, data: bytes) -> None:
@@ -44,11 +46,13 @@ class SlowReader:
             nursery.start_soon(self._heartbeats, stream)
             while len(self.deliveries) < self.count:
                 await trio.sleep(self.read_every)
-                for frame in decoder.feed(await stream.receive_some(self.read_bytes)):
+                data = await stream.receive_some(self.read_bytes)
+                self.bytes_read += len(data)
+                for frame in decoder.feed(data):
                     if frame.cmd is Cmd.HEARTBEAT:
-                        self.heartbeat_waits.append(
-                            trio.current_time() - self.sent_heartbeats.pop(frame.opaque)
-                        )
+                        sent_at, read_by_then = self.sent_heartbeats.pop(frame.opaque)
+                        self.heartbeat_waits.append(trio.current_time() - sent_at)
+                        self.bytes_ahead_of_heartbeats.append(self.bytes_read - read_by_then)
                     elif frame.cmd is Cmd.BYTES_MESSAGE:
                         header = pb.BytesMessage.FromString(frame.body).header
                         count = {p.key: p.value for p in header.properties}[DELIVER_COUNT_PROPERTY]
@@ -69,5 +73,5 @@ class SlowReader:
         while True:
             await trio.sleep(self.heartbeat_every)
             opaque += 1
-            self.sent_heartbeats[opaque] = trio.current_time()
+            self.sent_heartbeats[opaque] = (trio.current_time(), self.bytes_read)
             await self._send(stream, encode_frame(opaque, Cmd.HEARTBEAT, pb.HeartBeat(version=opaque)))

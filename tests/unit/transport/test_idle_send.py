@@ -182,3 +182,30 @@ async def test_a_writer_that_keeps_finding_frames_still_lets_the_others_run() ->
         trio.lowlevel.remove_instrument(steps)
     assert _read_all(peer) == b"first;" + b"more;" * 4
     assert steps.steps >= 5, "a step per send: it yielded before each next one"
+
+
+async def test_a_control_frame_queued_while_the_socket_is_full_waits_for_one_bulk_frame_not_the_send() -> (
+    None
+):
+    # A slow reader's heartbeat replies came behind a whole send's worth of deliveries
+    # (256 KiB: over a second at 200 KB/s); now behind what the socket holds and one frame.
+    stream, peer = _pair(send_buffer=4096)
+    sent: list[object] = []
+    framed = FramedStream(stream, on_sent=sent.extend)
+    frames = [b"%05d" % index + b"." * 995 for index in range(100)]
+    for index, frame in enumerate(frames):
+        framed.send_bulk(frame, index)
+    received = bytearray()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(framed.write_loop)
+        await trio.testing.wait_all_tasks_blocked()  # the writer waits for the full socket
+        framed.send(b"CONTROL")
+        framed.finish()
+        while len(received) < 100_000 + len(b"CONTROL"):
+            received += _read_all(peer)
+            await trio.testing.wait_all_tasks_blocked()
+    before = received.index(b"CONTROL")
+    assert before % 1000 == 0, "at the end of a bulk frame"
+    assert before < 50_000, f"{before} bytes of bulk went ahead of it: the whole send did"
+    assert bytes(received[:before] + received[before + len(b"CONTROL") :]) == b"".join(frames)
+    assert sent == list(range(100)), "every frame reported sent once, in order"
