@@ -54,6 +54,7 @@ COMPILED = [
     "kiteq/server/handlers.py",
     "kiteq/server/connection.py",
     "kiteq/transport.py",
+    "stores/memory.py",
     "stores/file/store.py",
     "stores/file/writer.py",
     "stores/file/segment.py",

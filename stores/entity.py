@@ -106,6 +106,34 @@ class MessageEntity:
     def is_expired(self, now: float) -> bool:
         return self.expired_time > 0 and now >= self.expired_time
 
+    def copy(self) -> MessageEntity:
+        """A copy its holder may change, properties included, without touching this one: what
+        the memory store hands out, as the other stores hand out what they decode. (`copy.copy`
+        of a compiled class goes through `__reduce_ex__`: 5 µs, a sixth of a drain's broker CPU.)"""
+        return MessageEntity(
+            message_id=self.message_id,
+            topic=self.topic,
+            message_type=self.message_type,
+            producer_group=self.producer_group,
+            body=self.body,
+            kind=self.kind,
+            expired_time=self.expired_time,
+            deliver_limit=self.deliver_limit,
+            commit=self.commit,
+            fly=self.fly,
+            properties=dict(self.properties),
+            create_time=self.create_time,
+            snappy=self.snappy,
+            created_at=self.created_at,
+            deliver_count=self.deliver_count,
+            next_deliver_at=self.next_deliver_at,
+            succ_groups=self.succ_groups,
+            fail_groups=self.fail_groups,
+            dead=self.dead,
+            dead_reason=self.dead_reason,
+            broker=self.broker,
+        )
+
 
 def entity_from_wire(kind: Cmd, message: pb.BytesMessage | pb.StringMessage) -> MessageEntity:
     """Build an entity from a received BytesMessage/StringMessage (state fields zeroed).

@@ -10,7 +10,6 @@ and a parked topic's backlog is not walked at all.
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from collections.abc import Callable, Collection, Container, Iterable, Iterator, Sequence
 
@@ -91,7 +90,7 @@ class MemoryStore(MessageStore):
     async def save(self, entity: MessageEntity) -> bool:
         if entity.message_id in self._messages:
             return False
-        stored = self._messages[entity.message_id] = copy.copy(entity)
+        stored = self._messages[entity.message_id] = entity.copy()
         if scheduled_at(stored) is not None and not stored.dead:
             self._scheduled_ids.add(stored.message_id)
         self._link(stored)
@@ -105,7 +104,7 @@ class MemoryStore(MessageStore):
 
     async def get(self, message_id: str) -> MessageEntity | None:
         entity = self._messages.get(message_id)
-        return copy.copy(entity) if entity is not None else None
+        return entity.copy() if entity is not None else None
 
     async def commit(self, message_id: str, due_at: float = 0.0) -> bool:
         entity = self._messages.get(message_id)
@@ -227,7 +226,7 @@ class MemoryStore(MessageStore):
             if wanted(entity):
                 if len(items) == limit:
                     return Page(items, items[-1].message_id)
-                items.append(copy.copy(entity))
+                items.append(entity.copy())
         return Page(items, None)
 
     async def stats(self) -> StoreStats:
