@@ -4,7 +4,9 @@ RabbitMQ is Debian's `rabbitmq-server`, a throwaway node started for the run (st
 temp dir, loopback only, no plugins), with a durable classic queue, publisher confirms,
 manual acks and prefetch 100 through pika. KiteQ-py is `kiteq-server` on the file store
 (`fsync=batch`) with a persistent binding of watermark 100, through kiteq.Producer and
-kiteq.Consumer. Messages are 1 KiB and persistent. Phases, in order, on each side:
+kiteq.Consumer; a third side is the same on the memory store, which should be at least
+as fast as the file store in every figure. Messages are 1 KiB and persistent. Phases,
+in order, on each side:
 
 1. sync send: one send in flight, each awaiting its store ack / confirm;
 2. backlog send: 100 in flight while the bound group is offline (rate over the whole
@@ -17,7 +19,8 @@ kiteq.Consumer. Messages are 1 KiB and persistent. Phases, in order, on each sid
 Per phase, the broker's CPU seconds (/proc/PID/stat) and peak RSS (VmHWM, reset at the
 phase's start through /proc/PID/clear_refs), and in its params the clients' CPU seconds
 and the cores the whole machine kept busy (what else ran shows there). Each figure is
-the median of 3 runs per side; every figure comes with its ratio KiteQ-py / RabbitMQ.
+the median of 3 runs per side; every figure comes with its ratio KiteQ-py / RabbitMQ, and
+the memory store's with its ratio to the file store's.
 """
 
 from __future__ import annotations
@@ -247,20 +250,27 @@ async def _bound(broker: BrokerProcess) -> None:
     await broker.wait_bindings(1)
 
 
+KITEQ = "KiteQ-py"
+KITEQ_MEMORY = "KiteQ-py, memory store"
+RABBITMQ = "RabbitMQ"
+
+
 @contextlib.contextmanager
-def _kiteq() -> Iterator[Side]:
+def _kiteq(name: str = KITEQ, store: str | None = None) -> Iterator[Side]:
+    """kiteq-server on `store` (None: the file store, `fsync=batch`), its group bound."""
     workdir = Path(tempfile.mkdtemp(prefix="kiteq-versus-"))
     broker = BrokerProcess(
         # The file registry polled at its default interval (ZooKeeper watches instead): the idle
         # phase measures the broker as configured by default.
         workdir,
         f"file://{workdir}/registry.json",
+        store=store,
         extra=("--log-level", "warning"),
     )
     try:
         trio.run(_bound, broker)
         assert broker.process is not None
-        yield Side("KiteQ-py", "benchmarks.clients.kiteq_client", broker.registry, broker.process.pid)
+        yield Side(name, "benchmarks.clients.kiteq_client", broker.registry, broker.process.pid)
     finally:
         if broker.process is not None:
             stop_process(broker.process, timeout=STOP_TIMEOUT)
@@ -311,6 +321,12 @@ def _erlang_vm(server: subprocess.Popen[bytes], port: int, log: Path, timeout: f
 
 
 @contextlib.contextmanager
+def _kiteq_memory() -> Iterator[Side]:
+    with _kiteq(KITEQ_MEMORY, "memory://") as side:
+        yield side
+
+
+@contextlib.contextmanager
 def _rabbitmq() -> Iterator[Side]:
     """A throwaway RabbitMQ node with its own epmd; both stopped by pid, the state dir removed.
 
@@ -335,7 +351,7 @@ def _rabbitmq() -> Iterator[Side]:
             )
         vm = _erlang_vm(server, port, workdir / "server.log")
         yield Side(
-            "RabbitMQ", "benchmarks.clients.rabbitmq_client", f"amqp://guest:guest@127.0.0.1:{port}/%2F", vm
+            RABBITMQ, "benchmarks.clients.rabbitmq_client", f"amqp://guest:guest@127.0.0.1:{port}/%2F", vm
         )
     finally:
         if server is not None:
@@ -354,7 +370,7 @@ def run(quick: bool, messages: int | None = None) -> list[Figure]:
     treats both alike; a figure is its side's median run.
     """
     counts = Counts.scaled(messages or (2_000 if quick else 50_000), 2.0 if quick else 10.0)
-    starts = [_kiteq, _rabbitmq]
+    starts = [_kiteq, _rabbitmq, _kiteq_memory]
     runs: dict[str, list[Figures]] = {}
     for _ in range(1 if quick else REPEATS):
         for start in list(starts):
@@ -370,8 +386,15 @@ def run(quick: bool, messages: int | None = None) -> list[Figure]:
     return _figures(runs)
 
 
+# (side, side it is compared with, the ratio's name): each figure of the first over the second's.
+RATIOS = (
+    (KITEQ, RABBITMQ, "KiteQ-py / RabbitMQ"),
+    (KITEQ_MEMORY, KITEQ, "memory store / file store"),
+)
+
+
 def _figures(runs: dict[str, list[Figures]]) -> list[Figure]:
-    """Each side's median run of every figure (with its conditions), then KiteQ-py / RabbitMQ."""
+    """Each side's median run of every figure (with its conditions), then the RATIOS."""
     figures, medians = [], {}
     for side, measured in runs.items():
         for name, (_, unit, _) in measured[0].items():
@@ -380,14 +403,14 @@ def _figures(runs: dict[str, list[Figures]]) -> list[Figure]:
             params = measured[values.index(median)][name][2]
             figures.append(Figure(SUITE, f"{name} ({side})", median, unit, {"side": side, **params}, values))
             medians[side, name] = (median, values)
-    if len(runs) == 2:
-        for name in runs["KiteQ-py"][0]:
-            kiteq, kiteq_runs = medians["KiteQ-py", name]
-            rabbitmq, rabbitmq_runs = medians["RabbitMQ", name]
-            if all(rabbitmq_runs):  # no ratio to nothing (an idle CPU below a clock tick)
+    for side, other, ratio in RATIOS:
+        if side not in runs or other not in runs:
+            continue
+        for name in runs[side][0]:
+            value, value_runs = medians[side, name]
+            reference, reference_runs = medians[other, name]
+            if all(reference_runs):  # no ratio to nothing (an idle CPU below a clock tick)
                 # Run by run; a side that lost a run (RabbitMQ failing to start again) pairs fewer.
-                ratios = [k / r for k, r in zip(kiteq_runs, rabbitmq_runs, strict=False)]
-                figures.append(
-                    Figure(SUITE, f"{name} (KiteQ-py / RabbitMQ)", kiteq / rabbitmq, "ratio", runs=ratios)
-                )
+                ratios = [v / r for v, r in zip(value_runs, reference_runs, strict=False)]
+                figures.append(Figure(SUITE, f"{name} ({ratio})", value / reference, "ratio", runs=ratios))
     return figures
