@@ -53,10 +53,8 @@ others from running.
 from __future__ import annotations
 
 import os
-from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Awaitable, Callable
-from itertools import accumulate
 
 import structlog
 import trio
@@ -152,22 +150,20 @@ class FramedStream:
                     continue
                 if not self._bulk and self._outbox_bytes < FLUSH_NOW_BYTES and self.expect_more():
                     await trio.lowlevel.checkpoint()  # the tasks ready now add their frames first
-                control, self._outbox, self._outbox_bytes = self._outbox, [], 0
-                bulk = self._take_bulk()
-                frames = [frame for frame, _ in bulk]
-                data = b"".join(control + frames)
-                # Where a send may stop: after the control frames, and after each bulk frame.
-                stops = list(accumulate(map(len, frames), initial=sum(map(len, control))))
+                batch, self._outbox, self._outbox_bytes = self._outbox, [], 0
+                first_bulk = len(batch)
+                tokens = self._take_bulk(batch)
+                data = b"".join(batch)
                 self._writing = True
                 try:
-                    sent, waited = await self._send(data, stops)
+                    sent, waited = await self._send(data, batch, first_bulk)
                 finally:
                     self._writing = False
                 self.bytes_out += sent
-                frames_sent = bisect_right(stops, sent) - 1
-                self._return_bulk(bulk[frames_sent:])
-                if frames_sent:
-                    self.on_sent([token for _, token in bulk[:frames_sent]])
+                if sent < len(data):
+                    tokens = self._requeue_unsent(batch, first_bulk, tokens, sent)
+                if tokens:
+                    self.on_sent(tokens)
                 if not waited and (self._outbox or self._bulk):
                     await trio.lowlevel.checkpoint()  # sending on without a pause would starve the others
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -176,22 +172,34 @@ class FramedStream:
             self._bulk.clear()
             self.bulk_bytes = 0
 
-    def _take_bulk(self) -> list[tuple[bytes, object]]:
-        """Up to BULK_SEND_BYTES of bulk frames (at least one, if any wait), with their tokens."""
+    def _take_bulk(self, batch: list[bytes]) -> list[object]:
+        """Move up to BULK_SEND_BYTES of bulk frames (at least one) into `batch`; their tokens."""
         bulk = self._bulk
-        taken: list[tuple[bytes, object]] = []
-        size = 0
-        while bulk and (not taken or size < BULK_SEND_BYTES):
-            frame = bulk.popleft()
-            taken.append(frame)
-            size += len(frame[0])
-        self.bulk_bytes -= size
-        return taken
+        tokens: list[object] = []
+        taken = 0
+        while bulk and (not tokens or taken < BULK_SEND_BYTES):
+            data, token = bulk.popleft()
+            batch.append(data)
+            tokens.append(token)
+            taken += len(data)
+        self.bulk_bytes -= taken
+        return tokens
 
-    def _return_bulk(self, unsent: list[tuple[bytes, object]]) -> None:
-        """Put bulk frames a send stopped before back at the head of the lane, in order."""
-        self._bulk.extendleft(reversed(unsent))
-        self.bulk_bytes += sum(len(frame) for frame, _ in unsent)
+    def _requeue_unsent(
+        self, batch: list[bytes], first_bulk: int, tokens: list[object], sent: int
+    ) -> list[object]:
+        """After a send that stopped at a frame's end (`sent` bytes of `batch`, whose bulk frames
+        start at `first_bulk`), put the bulk frames not sent back at the head of the lane, in
+        order; the tokens of those that were."""
+        offset = sum(len(frame) for frame in batch[:first_bulk])
+        done = 0
+        while offset < sent:
+            offset += len(batch[first_bulk + done])
+            done += 1
+        unsent = batch[first_bulk + done :]
+        self._bulk.extendleft(reversed(list(zip(unsent, tokens[done:], strict=True))))
+        self.bulk_bytes += sum(len(frame) for frame in unsent)
+        return tokens[:done]
 
     def finish(self) -> None:
         """Accept no more frames; the write loop returns once the outbox is flushed."""
@@ -213,12 +221,14 @@ class FramedStream:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
 
-    async def _send(self, data: bytes, stops: list[int]) -> tuple[int, bool]:
-        """Send `data`; how much was sent, and whether it had to wait for the socket.
+    async def _send(self, data: bytes, batch: list[bytes], first_bulk: int) -> tuple[int, bool]:
+        """Send `data`, the frames of `batch` joined; how much was sent, and whether it had to
+        wait for the socket.
 
         To a plain socket it is written directly, and a send the socket takes at once does
         not yield. If it had to wait and control frames were queued meanwhile, it stops at
-        the first of `stops` (ascending offsets) not yet passed, so they go next.
+        the end of the frame it is in, or of the last control frame (bulk frames start at
+        `first_bulk`), so they go next.
         """
         socket = _plain_socket(self.stream)
         if socket is None:
@@ -236,12 +246,23 @@ class FramedStream:
                 waited = True
                 await trio.lowlevel.wait_writable(socket)
                 if self._outbox:
-                    end = min(end, stops[bisect_left(stops, sent)])
+                    end = min(end, _frame_end(batch, first_bulk, sent))
                 continue
             except OSError as exc:
                 raise trio.BrokenResourceError(str(exc)) from exc
             sent += written
         return sent, waited
+
+
+def _frame_end(batch: list[bytes], first_bulk: int, offset: int) -> int:
+    """Where a send of `batch` joined may stop at or after `offset`: where the control frames
+    (those before `first_bulk`) end, or at a bulk frame's end."""
+    end = sum(len(frame) for frame in batch[:first_bulk])
+    for frame in batch[first_bulk:]:
+        if end >= offset:
+            return end
+        end += len(frame)
+    return end
 
 
 def _plain_socket(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
