@@ -59,6 +59,9 @@ AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 STOP_TIMEOUT = 30.0
 CLIENT_TIMEOUT = 300.0
 REPEATS = 3
+KITEQ = "KiteQ-py"
+KITEQ_MEMORY = "KiteQ-py, memory store"
+RABBITMQ = "RabbitMQ"
 
 
 @dataclass(frozen=True)
@@ -250,11 +253,6 @@ async def _bound(broker: BrokerProcess) -> None:
     await broker.wait_bindings(1)
 
 
-KITEQ = "KiteQ-py"
-KITEQ_MEMORY = "KiteQ-py, memory store"
-RABBITMQ = "RabbitMQ"
-
-
 @contextlib.contextmanager
 def _kiteq(name: str = KITEQ, store: str | None = None) -> Iterator[Side]:
     """kiteq-server on `store` (None: the file store, `fsync=batch`), its group bound."""
@@ -275,6 +273,12 @@ def _kiteq(name: str = KITEQ, store: str | None = None) -> Iterator[Side]:
         if broker.process is not None:
             stop_process(broker.process, timeout=STOP_TIMEOUT)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _kiteq_memory() -> Iterator[Side]:
+    with _kiteq(KITEQ_MEMORY, "memory://") as side:
+        yield side
 
 
 def _rabbitmq_env(workdir: Path, port: int, epmd_port: int) -> dict[str, str]:
@@ -318,12 +322,6 @@ def _erlang_vm(server: subprocess.Popen[bytes], port: int, log: Path, timeout: f
         time.sleep(0.2)
     children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
     return next(int(pid) for pid in children if Path(f"/proc/{pid}/comm").read_text().strip() == "beam.smp")
-
-
-@contextlib.contextmanager
-def _kiteq_memory() -> Iterator[Side]:
-    with _kiteq(KITEQ_MEMORY, "memory://") as side:
-        yield side
 
 
 @contextlib.contextmanager
