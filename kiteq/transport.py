@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import structlog
 import trio
@@ -191,11 +191,7 @@ class FramedStream:
         """After a send that stopped at a frame's end (`sent` bytes of `batch`, whose bulk frames
         start at `first_bulk`), put the bulk frames not sent back at the head of the lane, in
         order; the tokens of those that were."""
-        offset = sum(len(frame) for frame in batch[:first_bulk])
-        done = 0
-        while offset < sent:
-            offset += len(batch[first_bulk + done])
-            done += 1
+        done = sum(1 for stop in _stops(batch, first_bulk) if stop <= sent) - 1
         unsent = batch[first_bulk + done :]
         self._bulk.extendleft(reversed(list(zip(unsent, tokens[done:], strict=True))))
         self.bulk_bytes += sum(len(frame) for frame in unsent)
@@ -246,7 +242,7 @@ class FramedStream:
                 waited = True
                 await trio.lowlevel.wait_writable(socket)
                 if self._outbox:
-                    end = min(end, _frame_end(batch, first_bulk, sent))
+                    end = min(end, next(stop for stop in _stops(batch, first_bulk) if stop >= sent))
                 continue
             except OSError as exc:
                 raise trio.BrokenResourceError(str(exc)) from exc
@@ -254,15 +250,14 @@ class FramedStream:
         return sent, waited
 
 
-def _frame_end(batch: list[bytes], first_bulk: int, offset: int) -> int:
-    """Where a send of `batch` joined may stop at or after `offset`: where the control frames
-    (those before `first_bulk`) end, or at a bulk frame's end."""
+def _stops(batch: list[bytes], first_bulk: int) -> Iterator[int]:
+    """Where a send of `batch` joined may stop: where its control frames (those before
+    `first_bulk`) end, then where each bulk frame does."""
     end = sum(len(frame) for frame in batch[:first_bulk])
+    yield end
     for frame in batch[first_bulk:]:
-        if end >= offset:
-            return end
         end += len(frame)
-    return end
+        yield end
 
 
 def _plain_socket(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
