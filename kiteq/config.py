@@ -109,7 +109,7 @@ class DeliveryConfig:
         choices=tuple(jitter.value for jitter in Jitter),
     )
     recover_interval: float = setting(1.0, "Seconds between looks in the store for messages due again.")
-    recover_page: int = setting(500, "Messages read from the store per page of such a look.")
+    recover_page: int = setting(500, "Most messages read from the store per page of such a look.")
     lane_capacity: int = setting(4096, "Deliveries queued per (topic, group) lane.")
     max_delay: float = setting(
         2 * 365 * 24 * 3600.0,

@@ -175,7 +175,7 @@ class Dispatcher:
             for lane in lanes:
                 left = room.get(lane)
                 if left is None:
-                    left = room[lane] = lane.capacity - lane.queued
+                    left = room[lane] = lane.room
                 if left <= 0:
                     lane.starved = True
                 else:
@@ -204,9 +204,11 @@ class Dispatcher:
             deliverable[binding.topic] = deliverable.get(binding.topic, False) or self._deliverable(binding)
         return frozenset(topic for topic, can in deliverable.items() if not can)
 
-    def saturated(self) -> bool:
-        """Every lane is full: offering more now only churns (they are offered when one frees)."""
-        return bool(self.lanes) and all(lane.queued >= lane.capacity for lane in self.lanes.values())
+    def room(self, most: int) -> int:
+        """How many messages one page of the store can place at most, up to `most`: the
+        most room any lane has (no lanes: `most`, for their no-binding outcome). 0: every
+        lane is full, and offering more now only churns (they are offered when one frees)."""
+        return min(most, max((lane.room for lane in self.lanes.values()), default=most))
 
     def _unreachable(self, round_: Round, binding: Binding) -> None:
         """No consumer of the group is online: a persistent group stays owed, another is skipped."""

@@ -59,13 +59,24 @@ class Lane:
         return len(self._queue)
 
     def offer(self, delivery: Delivery) -> bool:
-        """Queue without waiting; False (and remember it) when the lane is full or closed."""
+        """Queue without waiting; False when the lane is full or closed.
+
+        A lane that refuses an offer, or that this offer fills, is marked starved: the
+        store may hold more for it, so the recover loop is woken once it has room.
+        """
         if self.closed or len(self._queue) >= self.capacity:
             self.starved = True
             return False
         self._queue.append(delivery)
         self._arrived.set()
+        if len(self._queue) >= self.capacity:
+            self.starved = True
         return True
+
+    @property
+    def room(self) -> int:
+        """Deliveries the queue can still take."""
+        return max(0, self.capacity - len(self._queue))
 
     async def next(self) -> Delivery | None:
         """The oldest queued delivery, without yielding if there is one; None once closed and empty."""

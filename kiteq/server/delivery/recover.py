@@ -117,31 +117,36 @@ class RecoverLoop:
         A pass then costs what it places, not the whole backlog: with one slow group's
         lane full, each slot it frees wakes a pass, and a pass that walked everything
         owed to it would cost O(backlog) per slot. The next pass resumes where this one
-        stopped, so every due message is reached in turn. The number of messages sent to
-        at least one group.
+        stopped, and a pass that resumed goes round to the start when it reaches the
+        end, so every due message is reached in turn and none waits for a later look
+        while its lane has room. A page is no larger than the most room a lane has: what
+        cannot be placed is not read. The number of messages sent to at least one group.
         """
         now = self.signal.clock()
         cursor, self._resume = self._resume, None
+        wrapped = cursor is None
         placed = 0
         parked = self.dispatcher.parked_topics()
-        while True:
+        while (room := self.dispatcher.room(self.config.recover_page)) > 0:
             # What was cancelled before this read is gone from the page; what is cancelled
             # while the page is offered is withdrawn from it (see Dispatcher.withdrawn).
             self.dispatcher.withdrawn.clear()
-            page = await self.store.page_due(
-                now, cursor, self.config.recover_page, self.dispatcher.rounds, parked
-            )
+            page = await self.store.page_due(now, cursor, room, self.dispatcher.rounds, parked)
             placed_here = 0
             for offered, entity in enumerate(page.items, 1):
                 placed_here += self.dispatcher.submit(entity)
                 if offered % SUBMIT_BURST == 0:
                     await trio.lowlevel.checkpoint()
             placed += placed_here
-            if page.cursor is None:
-                break
-            if self.dispatcher.saturated() or (page.items and not placed_here):
+            if page.items and not placed_here:
                 self._resume = page.cursor
                 break
+            if page.cursor is None:
+                if wrapped:
+                    break
+                wrapped = True  # resumed mid-way: what lies before where it began is due too
             cursor = page.cursor
+        else:
+            self._resume = cursor  # every lane is full: go on from here once one has room
         self.passes += 1
         return placed

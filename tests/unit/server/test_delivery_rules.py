@@ -383,6 +383,41 @@ async def test_a_pass_stops_where_nothing_places_and_the_next_resumes_there(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_pass_that_resumed_goes_round_to_the_start_and_reads_no_more_than_fits(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A drain's passes resume mid-way; what is due before that point is reached in the same
+    pass, not a recover interval later, and a page is never larger than the room left."""
+    wired = wire(DeliveryConfig(lane_capacity=4, recover_page=10), [Binding.direct("t", "x", group="c")])
+    store, dispatcher, recover = wired.store, wired.dispatcher, wired.recover
+    wired.groups.add(FakePeer("c"))
+    (lane,) = dispatcher.lanes.values()  # no pump runs: the test takes from the lane itself
+
+    def due(first: int, count: int) -> list[MessageEntity]:
+        return [entity(message_id=f"{i:032x}", next_deliver_at=NOW) for i in range(first, first + count)]
+
+    limits: list[int] = []
+    page_due = store.page_due
+
+    async def recording(*args: object, **kwargs: object) -> object:
+        limits.append(args[2])  # type: ignore[arg-type]
+        return await page_due(*args, **kwargs)  # type: ignore[arg-type]
+
+    async def taken(count: int) -> list[str]:
+        return [(await lane.next()).round.message_id for _ in range(count)]  # type: ignore[union-attr]
+
+    store.page_due = recording  # type: ignore[method-assign]
+    async with store:
+        await store.save_many(due(10, 6))
+        assert await recover.run_pass() == 4 and limits == [4], "one page, as large as the lane's room"
+        assert lane.starved and dispatcher.room(10) == 0, "the offer that filled the lane marks it starved"
+        assert await taken(4) == [f"{i:032x}" for i in range(10, 14)]
+        await store.save_many(due(0, 2))  # due, and before where the next pass resumes
+        assert await recover.run_pass() == 4, "the rest of the range, then round to the start"
+        assert await taken(4) == [f"{i:032x}" for i in (14, 15, 0, 1)]
+        assert limits[1:] == [4, 2], "each page no larger than the room left"
+
+
 async def test_a_message_cancelled_while_its_page_is_offered_is_never_sent(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
