@@ -13,7 +13,7 @@ from kiteq.client.message import Message
 from kiteq.config import DeliveryConfig
 from kiteq.registry.bindings import Binding, BindingError, check_conflicts
 from kiteq.server.delivery.dispatcher import Dispatcher
-from kiteq.server.delivery.lanes import Lane
+from kiteq.server.delivery.lanes import Delivery, Lane
 from kiteq.server.delivery.retry import backoff_delay
 from kiteq.server.delivery.rounds import Round, Verdict
 from kiteq.server.events import Events
@@ -262,6 +262,24 @@ def test_admission_reserves_lane_room_for_committed_messages_in_order() -> None:
     )
     starved = {lane.group for lane in dispatcher.lanes.values() if lane.starved}
     assert starved == {"all"}
+
+
+@pytest.mark.parametrize(
+    ("capacity", "accepted", "starved"),
+    [
+        (3, [True, True], False),  # room left: the store owes it nothing yet
+        (2, [True, True], True),  # the second offer fills it: wake the recover loop when it frees
+        (1, [True, False], True),  # the second is refused
+    ],
+)
+def test_a_lane_is_starved_once_an_offer_fills_it_or_is_refused(
+    capacity: int, accepted: list[bool], starved: bool
+) -> None:
+    lane = Lane(Binding.direct("t", "x", group="g"), capacity=capacity)
+    round_ = Round.of(MessageEntity(uuid.uuid4().hex, "t", "x", "p", b"body"), frozenset({"g"}))
+    offers = [lane.offer(Delivery(round_, lane, "g", lambda *_: None)) for _ in accepted]
+    assert offers == accepted and lane.starved is starved
+    assert lane.room == capacity - sum(accepted)
 
 
 async def test_lane_slots_hold_the_watermark_and_a_raised_watermark_frees_the_pump() -> None:
