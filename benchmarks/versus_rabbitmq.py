@@ -18,9 +18,10 @@ in order, on each side:
 
 Per phase, the broker's CPU seconds (/proc/PID/stat) and peak RSS (VmHWM, reset at the
 phase's start through /proc/PID/clear_refs), and in its params the clients' CPU seconds
-and the cores the whole machine kept busy (what else ran shows there). Each figure is
-the median of 3 runs per side; every figure comes with its ratio KiteQ-py / RabbitMQ, and
-the memory store's with its ratio to the file store's.
+and the cores the whole machine kept busy (what else ran shows there). Each run starts
+every side's broker; the sides take turns phase by phase, the machine settled before
+each. Each figure is the median of 3 runs per side; every figure comes with its ratio
+KiteQ-py / RabbitMQ, and the memory store's with its ratio to the file store's.
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 STOP_TIMEOUT = 30.0
 CLIENT_TIMEOUT = 300.0
 REPEATS = 3
+# Before each phase the machine is let settle: at most SETTLE_BUSY cores busy over a
+# SETTLE_WINDOW, waited for at most SETTLE_TIMEOUT seconds.
+SETTLE_BUSY = 0.1
+SETTLE_WINDOW = 0.5
+SETTLE_TIMEOUT = 10.0
 KITEQ = "KiteQ-py"
 KITEQ_MEMORY = "KiteQ-py, memory store"
 RABBITMQ = "RabbitMQ"
@@ -106,12 +112,6 @@ class Usage:
         self.machine_busy = 0.0
         self._machine = (0, 0)
 
-    @staticmethod
-    def _machine_ticks() -> tuple[int, int]:
-        """(all, idle + iowait) clock ticks of every core since boot."""
-        ticks = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(ticks), ticks[3] + ticks[4]
-
     def _cpu(self) -> float:
         stat = Path(f"/proc/{self.pid}/stat").read_text()
         utime, stime = stat.rpartition(")")[2].split()[11:13]
@@ -120,15 +120,26 @@ class Usage:
     def __enter__(self) -> Usage:
         Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
         self.cpu = self._cpu()
-        self._machine = self._machine_ticks()
+        self._machine = _machine_ticks()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.cpu = self._cpu() - self.cpu
         self.peak_rss = memory_of(self.pid)[1]
-        (total, idle), (total_before, idle_before) = self._machine_ticks(), self._machine
-        busy = 1 - (idle - idle_before) / max(1, total - total_before)
-        self.machine_busy = busy * (os.cpu_count() or 1)
+        self.machine_busy = _busy_cores(self._machine, _machine_ticks())
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(all, idle + iowait) clock ticks of every core since boot."""
+    ticks = [int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(ticks), ticks[3] + ticks[4]
+
+
+def _busy_cores(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """How many cores the machine kept busy between two `_machine_ticks()`."""
+    (total, idle), (total_before, idle_before) = after, before
+    busy = 1 - (idle - idle_before) / max(1, total - total_before)
+    return busy * (os.cpu_count() or 1)
 
 
 def _client(side: Side, role: str, count: int, *options: str) -> subprocess.Popen[str]:
@@ -185,25 +196,28 @@ IDLE = "idle with backlog"
 Figures = dict[str, tuple[float, str, dict[str, object]]]
 
 
-def _measure(side: Side, counts: Counts) -> Figures:
-    """Every phase on one side, in order: each phase's figures, broker CPU seconds and peak RSS."""
-    figures: Figures = {}
+def _phases(side: Side, counts: Counts, figures: Figures) -> list[Callable[[], None]]:
+    """Every phase on one side, in the order they must run (each leaves the broker as the
+    next expects); each records its figures, broker CPU seconds and peak RSS in `figures`."""
 
     def phase(
         name: str, run: Callable[[], list[Report]], read: dict[str, tuple[str, str]], **params: object
-    ) -> None:
-        with Usage(side.pid) as usage:
-            reports = run()
-        params |= {
-            "body": BODY,
-            "clients_cpu_seconds": [round(r["cpu_seconds"], 2) for r in reports],
-            "machine_busy_cores": round(usage.machine_busy, 2),
-        }
-        params |= {key: r[key] for r in reports for key in ("refused", "duplicates") if key in r}
-        for suffix, (key, unit) in read.items():
-            figures[name + suffix] = (reports[-1][key], unit, params)
-        figures[f"{name}: broker CPU"] = (usage.cpu, "s", params)
-        figures[f"{name}: broker peak RSS"] = (usage.peak_rss / 2**20, "MiB", params)
+    ) -> Callable[[], None]:
+        def measured() -> None:
+            with Usage(side.pid) as usage:
+                reports = run()
+            recorded = params | {
+                "body": BODY,
+                "clients_cpu_seconds": [round(r["cpu_seconds"], 2) for r in reports],
+                "machine_busy_cores": round(usage.machine_busy, 2),
+            }
+            recorded |= {key: r[key] for r in reports for key in ("refused", "duplicates") if key in r}
+            for suffix, (key, unit) in read.items():
+                figures[name + suffix] = (reports[-1][key], unit, recorded)
+            figures[f"{name}: broker CPU"] = (usage.cpu, "s", recorded)
+            figures[f"{name}: broker peak RSS"] = (usage.peak_rss / 2**20, "MiB", recorded)
+
+        return measured
 
     def produce(count: int, *options: str) -> list[Report]:
         return [_report(_client(side, "produce", count, *options))]
@@ -212,35 +226,55 @@ def _measure(side: Side, counts: Counts) -> Figures:
         time.sleep(counts.idle)
         return []
 
+    def idle_phase() -> None:
+        phase(IDLE, idle, {}, seconds=counts.idle, stored=backlog)()
+        cpu, _, params = figures[f"{IDLE}: broker CPU"]
+        figures[f"{IDLE}: broker CPU per second"] = (cpu / counts.idle, "cores", params)
+
     # Each phase numbers its messages on from the last: a late redelivery is never taken for a new one.
     backlog, end_to_end = counts.sync + counts.backlog, counts.sync + counts.backlog + counts.end_to_end
-    phase("sync send", lambda: produce(counts.sync, "--window", "1"), SENT, messages=counts.sync, window=1)
-    phase(
-        "backlog send",
-        lambda: produce(counts.backlog, "--first", str(counts.sync)),
-        BACKLOG,
-        messages=counts.backlog,
-        window=WINDOW,
-    )
-    phase(IDLE, idle, {}, seconds=counts.idle, stored=backlog)
-    cpu, _, params = figures[f"{IDLE}: broker CPU"]
-    figures[f"{IDLE}: broker CPU per second"] = (cpu / counts.idle, "cores", params)
-    phase("drain", lambda: [_report(_subscribed(side, backlog))], DRAINED, messages=backlog, prefetch=WINDOW)
-    phase(
-        "end to end",
-        lambda: _end_to_end(side, counts.end_to_end, "--first", str(backlog)),
-        LATENCY,
-        messages=counts.end_to_end,
-        window=WINDOW,
-    )
-    phase(
-        "paced end to end",
-        lambda: _end_to_end(side, counts.paced, "--first", str(end_to_end), "--rate", str(PACED_RATE)),
-        PACED,
-        messages=counts.paced,
-        offered_rate=PACED_RATE,
-    )
-    return figures
+    return [
+        phase(
+            "sync send", lambda: produce(counts.sync, "--window", "1"), SENT, messages=counts.sync, window=1
+        ),
+        phase(
+            "backlog send",
+            lambda: produce(counts.backlog, "--first", str(counts.sync)),
+            BACKLOG,
+            messages=counts.backlog,
+            window=WINDOW,
+        ),
+        idle_phase,
+        phase(
+            "drain", lambda: [_report(_subscribed(side, backlog))], DRAINED, messages=backlog, prefetch=WINDOW
+        ),
+        phase(
+            "end to end",
+            lambda: _end_to_end(side, counts.end_to_end, "--first", str(backlog)),
+            LATENCY,
+            messages=counts.end_to_end,
+            window=WINDOW,
+        ),
+        phase(
+            "paced end to end",
+            lambda: _end_to_end(side, counts.paced, "--first", str(end_to_end), "--rate", str(PACED_RATE)),
+            PACED,
+            messages=counts.paced,
+            offered_rate=PACED_RATE,
+        ),
+    ]
+
+
+def _settle() -> None:
+    """Wait (at most SETTLE_TIMEOUT) until the machine is all but idle for SETTLE_WINDOW:
+    what one broker does after a phase (compaction, garbage collection) must not run into
+    the next side's phase."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while time.monotonic() < deadline:
+        before = _machine_ticks()
+        time.sleep(SETTLE_WINDOW)
+        if _busy_cores(before, _machine_ticks()) <= SETTLE_BUSY:
+            return
 
 
 async def _bound(broker: BrokerProcess) -> None:
@@ -364,23 +398,36 @@ def _rabbitmq() -> Iterator[Side]:
 def run(quick: bool, messages: int | None = None) -> list[Figure]:
     """`messages` per throughput phase: 50,000 by default, 2,000 with `quick` (one run, 2 s idle).
 
-    The sides take turns, a fresh broker each run, so a machine whose speed drifts
-    treats both alike; a figure is its side's median run.
+    Every run starts a fresh broker per side, and the sides take turns phase by phase
+    (the order rotated from run to run), the machine settled before each: a phase's
+    figures on one side are seconds, not minutes, apart from the other's, so a machine
+    whose speed drifts treats them alike. A figure is its side's median run.
     """
     counts = Counts.scaled(messages or (2_000 if quick else 50_000), 2.0 if quick else 10.0)
     starts = [_kiteq, _rabbitmq, _kiteq_memory]
     runs: dict[str, list[Figures]] = {}
-    for _ in range(1 if quick else REPEATS):
-        for start in list(starts):
-            try:
-                with start() as side:
-                    runs.setdefault(side.name, []).append(_measure(side, counts))
-            except Unavailable as exc:
-                print(
-                    f"{SUITE}: RabbitMQ cannot run here, KiteQ-py's figures stand alone: {exc}",
-                    file=sys.stderr,
-                )
-                starts.remove(start)
+    for repeat in range(1 if quick else REPEATS):
+        turn = repeat % len(starts)
+        with contextlib.ExitStack() as brokers:
+            measured: dict[str, Figures] = {}
+            plans = []
+            for start in starts[turn:] + starts[:turn]:
+                try:
+                    side = brokers.enter_context(start())
+                except Unavailable as exc:
+                    print(
+                        f"{SUITE}: RabbitMQ cannot run here, KiteQ-py's figures stand alone: {exc}",
+                        file=sys.stderr,
+                    )
+                    starts.remove(start)
+                    continue
+                plans.append(_phases(side, counts, measured.setdefault(side.name, {})))
+            for phase_on_each_side in zip(*plans, strict=True):
+                for phase in phase_on_each_side:
+                    _settle()
+                    phase()
+        for name, figures in measured.items():
+            runs.setdefault(name, []).append(figures)
     return _figures(runs)
 
 
