@@ -60,7 +60,7 @@ AMQP_HEADER = b"AMQP\x00\x00\x09\x01"
 STOP_TIMEOUT = 30.0
 CLIENT_TIMEOUT = 300.0
 REPEATS = 3
-# Before each phase the machine is let settle: at most SETTLE_BUSY cores busy over a
+# Before each phase the machine is left to settle: at most SETTLE_BUSY cores busy over a
 # SETTLE_WINDOW, waited for at most SETTLE_TIMEOUT seconds.
 SETTLE_BUSY = 0.1
 SETTLE_WINDOW = 0.5
