@@ -1,6 +1,6 @@
 """Delayed messages for benchmarks/delayed.py: a scheduling Producer or a Consumer, in a process of its own.
 
-`schedule`: `--window` sender tasks share one Producer. Each message asks to be delivered
+`schedule`: one Producer keeps `--window` sends in flight (`send_paced`). Each message asks to be delivered
 at a moment drawn uniformly from [`--start`, `--start` + `--spread`], or `--delay` seconds
 after its send; with `--rate`, sends are released on a fixed schedule. It reports how many
 were stored only after their time (their lateness includes the send's). `consume`: one Consumer whose
@@ -17,13 +17,12 @@ import time
 
 import trio
 
-from benchmarks.clients.kiteq_client import release
+from benchmarks.clients.kiteq_client import send_paced
 from benchmarks.clients.workload import PRODUCER_GROUP, TOPIC, Sends, emit
 from benchmarks.harness import percentile
 from kiteq import Binding, Consumer, Message, MessageListener, Producer
 from kiteq.gc_tuning import tune_gc
 from kiteq.logging import configure_logging
-from tests.faults.resend import send_until_stored
 
 
 def arguments() -> argparse.Namespace:
@@ -59,23 +58,19 @@ class Schedule:
 
 async def schedule(args: argparse.Namespace) -> dict[str, object]:
     sends, plan = Sends(args.count, args.rate, 0), Schedule(args)
-    tickets_in, tickets = trio.open_memory_channel[int](math.inf)
+
+    def message_of(index: int) -> Message:
+        message = Message(TOPIC, args.type, sends.body(index))
+        message.schedule(plan.due())
+        return message
+
+    def stored(message: Message) -> None:
+        plan.stored_late += time.time() > message.deliver_at  # type: ignore[operator]
+
     async with Producer(args.target, group=PRODUCER_GROUP, topics=[TOPIC], send_timeout=30) as producer:
-
-        async def sender() -> None:
-            async for index in tickets:
-                message = Message(TOPIC, args.type, sends.body(index))
-                message.schedule(plan.due())
-                sends.refused += await send_until_stored(producer, message)
-                plan.stored_late += time.time() > message.deliver_at  # type: ignore[operator]
-                sends.confirm()
-
         sends.start()
         with trio.move_on_after(args.timeout):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(release, sends, tickets_in)
-                for _ in range(args.window):
-                    nursery.start_soon(sender)
+            await send_paced(producer, sends, args.window, message_of, stored)
     return {**sends.report(), "stored_late": plan.stored_late}
 
 

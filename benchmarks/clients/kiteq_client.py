@@ -1,14 +1,15 @@
 """KiteQ-py side of versus_rabbitmq: the project's Producer or Consumer in a process of its own.
 
-`produce`: `--window` sender tasks share one Producer, each sending its next message
-once the previous one is stored. `consume`: one Consumer of the group whose persistent
-binding (watermark = `--window`) the benchmark registered; listeners run up to
-`--window` at once. Prints `ready` once connected (consume), then a JSON report.
+`produce`: one task sends through a `Producer.pipeline` of `--window` sends in flight,
+each once it is due (paced) and the window has room, as the pika publisher does.
+`consume`: one Consumer of the group whose persistent binding (watermark = `--window`)
+the benchmark registered; listeners run up to `--window` at once. Prints `ready` once
+connected (consume), then a JSON report.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 
 import trio
 
@@ -22,56 +23,55 @@ from benchmarks.clients.workload import (
     arguments,
     emit,
 )
-from kiteq import Binding, Consumer, Message, MessageListener, Producer
+from kiteq import Binding, Consumer, Message, MessageListener, Producer, SendError
 from kiteq.gc_tuning import tune_gc
 from kiteq.logging import configure_logging
-from tests.faults.resend import send_until_stored
+
+RESEND_PAUSE = 0.1  # seconds before resending what the broker refused after the last send
 
 
-async def release(sends: Sends, tickets_in: trio.MemorySendChannel[int]) -> None:
-    """Hand out send numbers as they fall due: one wake-up releases all that are due."""
-    async with tickets_in:
+async def send_paced(
+    producer: Producer,
+    sends: Sends,
+    window: int,
+    message_of: Callable[[int], Message],
+    on_stored: Callable[[Message], None] = lambda message: None,
+) -> None:
+    """Send `message_of(index)` for each of `sends`, each once it is due and the window has
+    room; resend what the broker refuses (a store stall) until it is stored, as a correct
+    producer does (the same id is stored once). `on_stored` sees each message stored."""
+    refused: list[Message] = []
+
+    def stored(message: Message, error: SendError | None) -> None:
+        if error is None:
+            sends.confirm()
+            on_stored(message)
+        else:
+            sends.refused += 1
+            refused.append(message)
+
+    async with producer.pipeline(stored, window=window) as pipeline:
         for index in range(sends.count):
+            while refused:
+                await pipeline.send(refused.pop())
             delay = sends.delay(index)
             if delay > 0:
                 await trio.sleep(delay)
-            tickets_in.send_nowait(index)
-
-
-async def next_ticket(tickets: trio.MemoryReceiveChannel[int]) -> int | None:
-    """The next send number, None once all are handed out. One already due is taken
-    without yielding: the channel's `receive` yields even then, a turn of the event loop
-    per message that the harness added and pika's publish loop does not have (the send
-    that follows waits for its store-ack, so the sender still yields once a message)."""
-    try:
-        return tickets.receive_nowait()
-    except trio.WouldBlock:
-        try:
-            return await tickets.receive()
-        except trio.EndOfChannel:
-            return None
-    except trio.EndOfChannel:
-        return None
+            await pipeline.send(message_of(index))
+    while refused:  # refused among the last sends
+        await trio.sleep(RESEND_PAUSE)
+        async with producer.pipeline(stored, window=window) as pipeline:
+            while refused:
+                await pipeline.send(refused.pop())
 
 
 async def produce(target: str, sends: Sends, window: int, timeout: float) -> dict[str, object]:
-    tickets_in, tickets = trio.open_memory_channel[int](math.inf)
     async with Producer(target, group=PRODUCER_GROUP, topics=[TOPIC], send_timeout=30) as producer:
-
-        async def sender() -> None:
-            while (index := await next_ticket(tickets)) is not None:
-                # A refused send (a store stall) is resent, as a correct producer does.
-                sends.refused += await send_until_stored(
-                    producer, Message(TOPIC, MESSAGE_TYPE, sends.body(index))
-                )
-                sends.confirm()
-
         sends.start()
         with trio.move_on_after(timeout):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(release, sends, tickets_in)
-                for _ in range(window):
-                    nursery.start_soon(sender)
+            await send_paced(
+                producer, sends, window, lambda index: Message(TOPIC, MESSAGE_TYPE, sends.body(index))
+            )
     return sends.report()
 
 

@@ -3,6 +3,7 @@
 from kiteq.client.consumer import Consumer
 from kiteq.client.listeners import CheckMessageListener, MessageListener
 from kiteq.client.message import Message, new_message_id
+from kiteq.client.pipeline import SendPipeline
 from kiteq.client.producer import Producer, SendResult
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "Message",
     "MessageListener",
     "Producer",
+    "SendPipeline",
     "SendResult",
     "new_message_id",
 ]

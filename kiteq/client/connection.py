@@ -89,6 +89,24 @@ class _Waiter:
         await trio.lowlevel.wait_task_rescheduled(abort)
 
 
+class _Callback:
+    """One request's answer handed to a function instead of a waiting task (`request_nowait`)."""
+
+    __slots__ = ("done", "on_answer")
+
+    def __init__(self, on_answer: Callable[[object | None, bool], None]) -> None:
+        self.on_answer = on_answer
+        self.done = False
+
+    def finish(self, response: object | None = None, *, timed_out: bool = False) -> bool:
+        """Hand over the answer, a timeout, or None for a closed connection (once). False:
+        no task was woken, so none is about to send again."""
+        if not self.done:
+            self.done = True
+            self.on_answer(response, timed_out)
+        return False
+
+
 class ClientConnection:
     def __init__(
         self,
@@ -225,6 +243,30 @@ class ClientConnection:
             return await self._answer_of(waiter, timeout)
         finally:
             self.session.forget(opaque)
+
+    def request_nowait(
+        self, cmd: Cmd, message: object, timeout: float, on_answer: Callable[[object | None, bool], None]
+    ) -> None:
+        """Send a request without waiting: `on_answer(answer, timed_out)` gets its answer, or
+        None if none came within `timeout` (`timed_out`) or the connection closed first.
+
+        It is called from this connection's tasks, so it must not block. A request that
+        waits in a task of its own costs that task two turns of the event loop; a sender
+        keeping many requests in flight from one task (`Producer.pipeline`) pays neither.
+        """
+        if self.framed is None or not self.alive:
+            raise ConnectionClosed(f"connection to {self.address} is closed")
+        opaque, data = self.session.request(
+            cmd,
+            message.SerializeToString(),  # type: ignore[attr-defined]
+            _Callback(on_answer),
+            trio.current_time() + timeout,
+        )
+        try:
+            self.framed.send(data)
+        except BaseException:
+            self.session.forget(opaque)  # raised instead: never answered as well
+            raise
 
     async def _answer_of(self, waiter: _Waiter, timeout: float) -> object:
         await waiter.wait()

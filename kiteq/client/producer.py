@@ -16,6 +16,7 @@ from kiteq.client.connection import ClientConnection
 from kiteq.client.listeners import CheckMessageListener
 from kiteq.client.message import Message
 from kiteq.client.options import ProducerOptions, keyword_options
+from kiteq.client.pipeline import OnResult, SendPipeline
 from kiteq.errors import CancelError, ConnectionClosed, SendError
 from kiteq.registry import Registry
 from protocol import MESSAGE_CMDS, Cmd, Frame, TxStatus, pb
@@ -137,30 +138,75 @@ class Producer(Client):
             message_id=message_id,
         )
 
+    def pipeline(self, on_result: OnResult, *, window: int = 100) -> SendPipeline:
+        """Keep up to `window` sends in flight from one task; each outcome goes to
+        `on_result(message, error)` (see SendPipeline). Costs less CPU per message than as
+        many tasks each awaiting `send`."""
+        return SendPipeline(self._store_nowait, on_result, window)
+
     async def _store(self, message: Message, compress: bool) -> ClientConnection:
         message.group = self.group
         connection = await self.pool.connection_for(message.topic, self.options.send_timeout)
+        timed_out = False
         try:
             ack = await connection.request(message.cmd, message.to_wire(compress), self.options.send_timeout)
         except trio.TooSlowError:
-            self._log(LogEvent.SEND_FAILED, message, reason="timeout")
-            raise SendError(
-                f"no store ack from {connection.address} within {self.options.send_timeout} s; the message "
-                "may or may not be stored: resend it with the same id",
+            ack, timed_out = None, True
+        except ConnectionClosed:
+            ack = None
+        error = self._outcome(connection, message, ack, timed_out)
+        if error is not None:
+            raise error
+        return connection
+
+    async def _store_nowait(
+        self, message: Message, compress: bool, on_stored: Callable[[SendError | None], None]
+    ) -> None:
+        """`_store` for a pipeline: returns once the message is on its way; `on_stored` gets
+        the outcome, once."""
+        message.group = self.group
+        try:
+            connection = await self.pool.connection_for(message.topic, self.options.send_timeout)
+        except SendError as exc:
+            on_stored(exc)
+            return
+
+        def answered(ack: object | None, timed_out: bool) -> None:
+            on_stored(self._outcome(connection, message, ack, timed_out))
+
+        try:
+            connection.request_nowait(
+                message.cmd, message.to_wire(compress), self.options.send_timeout, answered
+            )
+        except ConnectionClosed:
+            answered(None, False)
+
+    def _outcome(
+        self, connection: ClientConnection, message: Message, ack: object | None, timed_out: bool
+    ) -> SendError | None:
+        """What became of a send, logged: None once stored, else the error to report (an
+        `ack` of None: no answer within the timeout, or the connection closed first)."""
+        if ack is None:
+            self._log(LogEvent.SEND_FAILED, message, reason="timeout" if timed_out else "connection-lost")
+            if timed_out:
+                return SendError(
+                    f"no store ack from {connection.address} within {self.options.send_timeout} s; the "
+                    "message may or may not be stored: resend it with the same id",
+                    message_id=message.message_id,
+                )
+            return SendError(
+                f"connection to {connection.address} closed before it answered; resend the message",
                 message_id=message.message_id,
-            ) from None
-        except ConnectionClosed as exc:
-            self._log(LogEvent.SEND_FAILED, message, reason="connection-lost")
-            raise SendError(f"{exc}; resend the message", message_id=message.message_id) from None
+            )
         assert isinstance(ack, pb.MessageStoreAck)
         if not ack.status:
             self._log(LogEvent.SEND_FAILED, message, reason=ack.feedback)
-            raise SendError(
+            return SendError(
                 f"broker {connection.address} refused message {message.message_id}: {ack.feedback}",
                 message_id=message.message_id,
             )
         self._log(LogEvent.SENT, message, broker=connection.address)
-        return connection
+        return None
 
     async def send_string(
         self, topic: str, message_type: str, text: str, *, compress: bool = False, **options: Any
