@@ -6,7 +6,14 @@ from urllib.parse import urlsplit
 
 from stores.base import Cursor, DeadLetter, MessageStore, Page, SharedStore, Stage, StoreStats
 from stores.entity import BYTES, STRING, MessageEntity, entity_from_wire
-from stores.errors import StoreConfigError, StoreCorrupted, StoreError, StoreLocked, StoreUnavailable
+from stores.errors import (
+    StoreConfigError,
+    StoreCorrupted,
+    StoreError,
+    StoreLocked,
+    StoreStalled,
+    StoreUnavailable,
+)
 
 
 def open_store(uri: str, **options: object) -> MessageStore:
@@ -43,6 +50,7 @@ __all__ = [
     "StoreCorrupted",
     "StoreError",
     "StoreLocked",
+    "StoreStalled",
     "StoreStats",
     "StoreUnavailable",
     "entity_from_wire",

@@ -11,6 +11,10 @@ class StoreUnavailable(StoreError):
     """The backing storage is unreachable (disk full, database down); retry later."""
 
 
+class StoreStalled(StoreUnavailable):
+    """The storage has not answered in time (a stalled disk); retry later, the same ids."""
+
+
 class StoreCorrupted(StoreError):
     """On-disk data failed verification somewhere other than a torn tail."""
 

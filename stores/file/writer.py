@@ -22,6 +22,12 @@ delay, and a cancelled caller never leaves a half-written batch behind.
 A write or fsync error fails the store for good (`failure`): after a failed fsync
 the kernel may have dropped the dirty pages, so retrying would claim durability it
 does not have. Restarting recovers from what is on disk.
+
+A disk that stalls (a write or fsync that does not return) fails the callers waiting
+on it after STALL_TIMEOUT with StoreStalled, so a producer is told to resend instead of
+waiting for ever; their records are still written once the disk comes back (a resend is
+then a duplicate, stored once). A watchdog thread notices the stall: bounding each wait
+with a Trio cancel scope of its own cost a few per cent of the broker's CPU per message.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from pathlib import Path
 import structlog
 import trio
 
-from stores.errors import StoreUnavailable
+from stores.errors import StoreStalled, StoreUnavailable
 from stores.file import layout
 from stores.file import snapshot as snapshots
 from stores.file.segment import Segment
@@ -58,6 +64,10 @@ INLINE_PAUSE_FACTOR = 100.0
 INLINE_PAUSE_MAX = 30.0
 # Pauses this long or longer are logged (at most one line a second): the disk is stalling.
 LOGGED_PAUSE = 1.0
+# Callers have waited this long with no batch finished: the disk stalls, they are failed.
+STALL_TIMEOUT = 10.0
+# How often the watchdog looks (a tenth of the timeout, at most a second).
+STALL_CHECKS_PER_TIMEOUT = 10
 # Linux 4.7 and later; elsewhere every synced write is a write and then an fdatasync.
 RWF_DSYNC: int = getattr(os, "RWF_DSYNC", 0)
 
@@ -91,12 +101,14 @@ class Batch:
         "reclaim",
         "seq",
         "snapshot",
+        "stalled",
         "synced",
         "touched_at",
+        "writer",
     )
 
-    def __init__(self, seq: int, log_generation: int, flush: Callable[[Batch], None]) -> None:
-        self._flush = flush
+    def __init__(self, seq: int, log_generation: int, writer: Writer) -> None:
+        self.writer = writer
         self.seq = seq
         self.log_generation = log_generation
         self.data: list[tuple[Segment, int, list[bytes]]] = []
@@ -109,6 +121,8 @@ class Batch:
         self.end: tuple[int, int] | None = None
         self.done = trio.Event()
         self.error: StoreUnavailable | None = None
+        # Set when its waiters were failed because the disk stalled; cleared once written.
+        self.stalled: StoreStalled | None = None
 
     @property
     def empty(self) -> bool:
@@ -122,14 +136,16 @@ class Batch:
         the event loop shows in a round trip.
         """
         if not self.done.is_set():
-            self._flush(self)
+            self.writer.flush(self)
         if self.done.is_set():
             if checkpoint:
                 await trio.lowlevel.checkpoint()
         else:
-            await self.done.wait()
+            await self.writer.wait_written(self)
         if self.error is not None:
             raise self.error
+        if self.stalled is not None:
+            raise self.stalled
 
 
 class Writer:
@@ -165,6 +181,12 @@ class Writer:
         self.inline_write_limit = INLINE_WRITE_LIMIT
         self.inline_pause_factor = INLINE_PAUSE_FACTOR
         self._inline_paused_until = 0.0
+        self.stall_timeout = STALL_TIMEOUT
+        # Batches someone waits on (Trio side), and when a batch last finished (either side).
+        self._waited: set[Batch] = set()
+        self._progress_at = time.monotonic()
+        self._stall_reported = False
+        self._watching = threading.Event()
         self._cut: list[Batch] = []
         self._seq = 1
         # Trio side: where the next record goes, what is written and synced.
@@ -191,7 +213,11 @@ class Writer:
         # Not `_thread`: compiled, the attribute's C name would be `__thread`, a C keyword.
         self._worker = threading.Thread(target=self._run, name=f"kiteq-store-writer:{directory}", daemon=True)
         self._compactor: threading.Thread | None = None
+        self._watchdog = threading.Thread(
+            target=self._watch, name=f"kiteq-store-watchdog:{directory}", daemon=True
+        )
         self._worker.start()
+        self._watchdog.start()
 
     # -- Trio side ------------------------------------------------------------------------
 
@@ -249,7 +275,14 @@ class Writer:
             self._open = self._new_batch(snapshot.generation)
 
     def _new_batch(self, log_generation: int) -> Batch:
-        return Batch(self._seq, log_generation, self.flush)
+        return Batch(self._seq, log_generation, self)
+
+    async def wait_written(self, batch: Batch) -> None:
+        """Wait until `batch` is written, or the watchdog finds the disk stalled (`stalled`)."""
+        if not self._waited:
+            self._progress_at = time.monotonic()  # a stall is timed from the first wait
+        self._waited.add(batch)
+        await batch.done.wait()
 
     def flush(self, batch: Batch) -> None:
         """A caller waits on `batch` (Batch.wait): have it written now.
@@ -318,14 +351,44 @@ class Writer:
 
     def _finished(self, batches: list[Batch]) -> None:
         """On the Trio thread: publish progress and wake every caller of `batches`."""
+        self._progress_at = time.monotonic()
+        self._stall_reported = False
         for batch in batches:
             if batch.end is not None:
                 self.written = max(self.written, batch.end)
             if batch.synced:
                 self.synced_seq = max(self.synced_seq, batch.seq)
+            batch.stalled = None
+            self._waited.discard(batch)
         self._on_done(batches)
         for batch in batches:
             batch.done.set()
+
+    def _fail_stalled(self) -> None:
+        """On the Trio thread: the watchdog saw no batch finish for `stall_timeout` while
+        callers waited; wake them with StoreStalled (their batches are still written later)."""
+        if not self._stall_reported or not self._waited:
+            return  # a batch finished since the watchdog looked
+        stalled = time.monotonic() - self._progress_at
+        error = StoreStalled(
+            f"the file store {self.directory} has finished no write for {stalled:.1f} s (a stalled "
+            "disk?); what it was writing is stored once the disk answers"
+        )
+        log.warning(
+            "store.stalled", store=str(self.directory), seconds=round(stalled, 1), waiting=len(self._waited)
+        )
+        with self._lock:
+            if self._open in self._waited:  # queued as it is: records from now on go to a fresh one
+                self._cut.append(self._open)
+                self._seq += 1
+                self._open = self._new_batch(self.log_generation)
+                if self._sleeping:
+                    self._cond.notify()
+        for batch in self._waited:
+            batch.stalled = error
+            batch.done.set()
+        self._waited.clear()
+        self._stall_reported = False  # callers that wait from now on get a timeout of their own
 
     async def stop(self) -> None:
         """Write what is pending with an fsync, then end the threads."""
@@ -336,10 +399,12 @@ class Writer:
         with self._lock:
             self._stopping = True
             self._cond.notify()
+        self._watching.set()
         await trio.to_thread.run_sync(self._join)
 
     def _join(self) -> None:
         self._worker.join()
+        self._watchdog.join()
         if self._compactor is not None:
             self._compactor.join()
         if self._log_fd is not None:
@@ -371,6 +436,21 @@ class Writer:
                     detail="the Trio run ended before the store was closed",
                 )
                 return
+
+    def _watch(self) -> None:
+        """The watchdog thread: while callers wait, report a stall once no batch has
+        finished for `stall_timeout` (once per stall: progress re-arms it)."""
+        while not self._watching.wait(min(1.0, self.stall_timeout / STALL_CHECKS_PER_TIMEOUT)):
+            if (
+                self._waited
+                and not self._stall_reported
+                and time.monotonic() - self._progress_at > self.stall_timeout
+            ):
+                self._stall_reported = True
+                try:
+                    self._token.run_sync_soon(self._fail_stalled)
+                except trio.RunFinishedError:
+                    return
 
     def _await_work(self) -> None:
         """Sleep (holding `_lock`) until a batch is due: at once if a caller waits on it,

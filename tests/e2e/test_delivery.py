@@ -129,7 +129,7 @@ async def test_two_consumers_share_and_a_killed_one_loses_nothing(tmp_path: Path
     binding = [Binding.direct("t", "x", watermark=50)]
     async with running_broker(tmp_path, delivery=FAST) as broker, trio.open_nursery() as nursery:
         doomed = await nursery.start(
-            ClientProcess("consumer", "--registry", registry, "--group", "g", "--delay", "0.01").run
+            ClientProcess("consumer", "--registry", registry, "--group", "g", "--delay", "0.05").run
         )
         await wait_until(lambda: "ready" in doomed.lines, what="the consumer process")
         async with (

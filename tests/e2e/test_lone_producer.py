@@ -39,3 +39,25 @@ async def test_a_lone_message_is_stored_by_the_reader_and_a_burst_by_a_task(tmp_
     assert lone == 0, "a lone message went to a task of its own"
     assert all(ack.status for ack in acks) and all(entity is not None for entity in stored)
     assert handler_steps.steps > 0, "messages read together were stored by a task"
+
+
+async def test_a_producer_is_told_to_resend_while_the_disk_stalls_and_a_resend_is_stored_once(
+    tmp_path: Path,
+) -> None:
+    async with running_broker(tmp_path, store=f"file://{tmp_path}/store?fsync=batch") as broker:
+        writer = broker.store._writer  # type: ignore[attr-defined]
+        writer.stall_timeout = 0.2
+        peer = await RawPeer.login(broker.address, "order-svc")
+        message = header("order-svc")
+        writer._io.acquire()  # the disk stalls
+        try:
+            stalled = await peer.produce(message)
+        finally:
+            writer._io.release()
+        resent = await peer.produce(message)
+        stored = await broker.store.get(message.messageId)
+        await peer.aclose()
+    assert not stalled.status
+    assert "has finished no write for" in stalled.feedback and "resend" in stalled.feedback
+    assert resent.status and "stored once" in resent.feedback, resent.feedback
+    assert stored is not None

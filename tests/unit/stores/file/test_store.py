@@ -13,7 +13,7 @@ from typing import TypeVar
 import pytest
 import trio
 
-from stores import MessageEntity, StoreCorrupted, StoreError, StoreLocked
+from stores import MessageEntity, StoreCorrupted, StoreError, StoreLocked, StoreStalled
 from stores.file import FileStore, layout
 from stores.file.records import HEADER_SIZE, Scan
 from stores.file.writer import RWF_DSYNC
@@ -478,3 +478,27 @@ async def test_a_page_walks_only_as_far_as_it_needs(tmp_path: Path) -> None:
     assert skip.asked == 4, (
         f"the walk asked about {skip.asked} ids for a page of 3 and one to tell there is more"
     )
+
+
+async def test_a_stalled_disk_fails_waiting_saves_in_time_and_writes_them_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    first, second = message(), message()
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        writer = store._writer
+        assert writer is not None
+        writer.stall_timeout = 0.2
+        writer._io.acquire()  # the disk stalls: no batch can be written, in place or by the thread
+        try:
+            with trio.fail_after(5):
+                with pytest.raises(StoreStalled, match="has finished no write for"):
+                    await store.save(first)
+                # One that waits after the stall was reported gets a timeout of its own.
+                with pytest.raises(StoreStalled):
+                    await store.save(second)
+        finally:
+            writer._io.release()
+        assert await store.save_many([first, second]) == [False, False], "both were written meanwhile"
+    async with FileStore.from_uri(uri(tmp_path)) as store:
+        assert await store.get(first.message_id) == first
+        assert await store.get(second.message_id) == second
