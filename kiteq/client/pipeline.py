@@ -21,7 +21,8 @@ from kiteq.errors import SendError
 
 OnResult = Callable[[Message, SendError | None], None]
 # Sends `message` (compressed or not) and returns once it is on its way; the callback gets
-# its outcome, exactly once (None: stored). `Producer._store_nowait`.
+# its outcome, exactly once (None: stored). If it raises, it does so before the message is
+# on its way, and the callback is never called. `Producer._store_nowait`.
 StoreNowait = Callable[[Message, bool, Callable[[SendError | None], None]], Awaitable[None]]
 
 
@@ -65,7 +66,13 @@ class SendPipeline:
         self._raise_failure()
         await trio.lowlevel.checkpoint_if_cancelled()
         self.in_flight += 1
-        await self._store(message, compress, partial(self._stored, message))
+        handed_on = False
+        try:
+            await self._store(message, compress, partial(self._stored, message))
+            handed_on = True
+        finally:
+            if not handed_on:  # cancelled while no broker was reachable, or refused: no result comes
+                self.in_flight -= 1
 
     def _stored(self, message: Message, error: SendError | None) -> None:
         self.in_flight -= 1
