@@ -116,9 +116,8 @@ class Handlers:
                     self.dispatcher.submit(entity, sent)
             await staged.durable()
             store_ms = round((time.perf_counter() - started) * 1000, 3)
-        except (
-            StoreError
-        ) as failure:  # not `exc`: compiled, it would take the type of the InvalidMessage above
+        # `failure`, not `exc`: compiled, that name keeps the type of the InvalidMessage above.
+        except StoreError as failure:
             log.warning(
                 "message.store_failed", conn=requester.peer, messages=len(entities), error=str(failure)
             )
