@@ -2,10 +2,10 @@
 
 Awaiting each `send` in a task of its own keeps many sends in flight too, but every
 message then costs its task two turns of the event loop (send, then wake on the
-store-ack), most of a busy producer's CPU. Here one task sends and the store-acks are
-handed to a callback as they are read: about a third less CPU per message at 100 in
-flight (docs/performance.md), the way RocketMQ's async send and AMQP's publisher
-confirms work.
+store-ack), a large part of a busy producer's CPU. Here one task sends and the
+store-acks are handed to a callback as they are read: a fifth to a third less CPU per
+message at 100 in flight (docs/performance.md), the way RocketMQ's async send and AMQP's
+publisher confirms work.
 """
 
 from __future__ import annotations
