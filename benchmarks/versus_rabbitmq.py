@@ -102,15 +102,19 @@ class Unavailable(Exception):
 
 
 class Usage:
-    """A broker's CPU seconds and peak RSS over a `with` block, from /proc; and how many
-    cores the whole machine kept busy meanwhile (the broker, both clients, anything else)."""
+    """A broker's CPU seconds and peak RSS over a `with` block, from /proc; how many cores
+    the whole machine kept busy meanwhile (the broker, both clients, anything else); and
+    the broker's busiest thread (`busiest_thread`)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.cpu = 0.0
         self.peak_rss = 0
         self.machine_busy = 0.0
+        self.busiest_thread = (0.0, 0.0)
         self._machine = (0, 0)
+        self._threads: ThreadTimes = {}
+        self._started = 0.0
 
     def _cpu(self) -> float:
         stat = Path(f"/proc/{self.pid}/stat").read_text()
@@ -121,12 +125,46 @@ class Usage:
         Path(f"/proc/{self.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
         self.cpu = self._cpu()
         self._machine = _machine_ticks()
+        self._threads = thread_times(self.pid)
+        self._started = time.monotonic()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.cpu = self._cpu() - self.cpu
         self.peak_rss = memory_of(self.pid)[1]
         self.machine_busy = _busy_cores(self._machine, _machine_ticks())
+        seconds = time.monotonic() - self._started
+        self.busiest_thread = busiest_thread(self._threads, thread_times(self.pid), seconds)
+
+
+# Thread id -> (nanoseconds on a CPU, nanoseconds runnable but waiting for one) since it started.
+ThreadTimes = dict[int, tuple[int, int]]
+
+
+def thread_times(pid: int) -> ThreadTimes:
+    """Each thread of `pid` from /proc/PID/task/TID/schedstat; {} where the kernel keeps none."""
+    times: ThreadTimes = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            on_cpu, waiting, _ = (int(field) for field in (task / "schedstat").read_text().split())
+        except (OSError, ValueError):
+            continue  # the thread ended, or no schedstat
+        times[int(task.name)] = (on_cpu, waiting)
+    return times
+
+
+def busiest_thread(before: ThreadTimes, after: ThreadTimes, seconds: float) -> tuple[float, float]:
+    """The share of `seconds` that the thread most on a CPU spent on one, and waiting for one.
+
+    A broker whose busiest thread is on a CPU or waiting for one nearly all the time is
+    bound by that thread, however idle the machine's other cores are.
+    """
+    busiest = (0.0, 0.0)
+    for thread, (on_cpu, waiting) in after.items():
+        on_cpu_before, waiting_before = before.get(thread, (0, 0))
+        share = ((on_cpu - on_cpu_before) / 1e9 / seconds, (waiting - waiting_before) / 1e9 / seconds)
+        busiest = max(busiest, share)
+    return busiest
 
 
 def _machine_ticks() -> tuple[int, int]:
@@ -210,6 +248,10 @@ def _phases(side: Side, counts: Counts, figures: Figures) -> list[Callable[[], N
                 "body": BODY,
                 "clients_cpu_seconds": [round(r["cpu_seconds"], 2) for r in reports],
                 "machine_busy_cores": round(usage.machine_busy, 2),
+                "broker_busiest_thread": {
+                    "on_cpu": round(usage.busiest_thread[0], 2),
+                    "waiting": round(usage.busiest_thread[1], 2),
+                },
             }
             recorded |= {key: r[key] for r in reports for key in ("refused", "duplicates") if key in r}
             for suffix, (key, unit) in read.items():
