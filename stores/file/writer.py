@@ -90,7 +90,6 @@ class Batch:
     """Records that go to disk together, and the event their callers wait on."""
 
     __slots__ = (
-        "_flush",
         "data",
         "done",
         "durable",
