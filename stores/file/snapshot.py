@@ -19,12 +19,13 @@ import os
 import struct
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
 from stores.errors import StoreCorrupted
 from stores.file import layout, records
+from stores.file.forked import Forked
 from stores.file.index import ENTRY, Groups
 from stores.file.messages import pack_groups, unpack_groups, unpack_strings
 from stores.file.records import RecordType
@@ -40,7 +41,13 @@ TOPICS, REASONS, GROUPS = 0, 1, 2
 
 @dataclass
 class Snapshot:
-    """The index at a cut: copies the store hands to the compaction thread."""
+    """The index at a cut, and who writes it.
+
+    Written by a child process forked at the cut (`child`), its fields are the live index:
+    the child reads them in its copy-on-write image, and the parent never reads them again.
+    Written by the compactor thread instead (`child` None: the system refused to fork), they
+    are copies.
+    """
 
     generation: int
     high_water: tuple[int, int]
@@ -49,6 +56,18 @@ class Snapshot:
     reasons: list[str]
     groups: list[Groups]
     created: float = field(default_factory=time.time)
+    child: Forked | None = None
+
+    def copied(self) -> Snapshot:
+        """The same snapshot over copies of the index, for a thread to write while it changes."""
+        return replace(
+            self,
+            entries=dict(self.entries),
+            topics=list(self.topics),
+            reasons=list(self.reasons),
+            groups=list(self.groups),
+            child=None,
+        )
 
 
 def _table(kind: int, blobs: list[bytes]) -> bytes:
@@ -88,8 +107,8 @@ def encode(snapshot: Snapshot) -> list[bytes]:
     return out
 
 
-def write(directory: Path, snapshot: Snapshot) -> int:
-    """Write, fsync and rename the snapshot, then delete what it replaces; bytes written."""
+def write_temporary(directory: Path, snapshot: Snapshot) -> int:
+    """Write and fsync the snapshot under its `.tmp` name (see `install`); bytes written."""
     final = layout.path_of(directory, layout.SNAPSHOT, snapshot.generation)
     temporary = final.with_name(final.name + ".tmp")
     chunks = [layout.file_head(layout.SNAPSHOT, snapshot.generation), *encode(snapshot)]
@@ -99,17 +118,26 @@ def write(directory: Path, snapshot: Snapshot) -> int:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.rename(temporary, final)
+    return size
+
+
+def install(directory: Path, generation: int) -> None:
+    """Rename the written snapshot of `generation` into place, then delete what it replaces.
+
+    Only once everything before its cut is synced: the snapshot then takes over from the
+    older logs and snapshots.
+    """
+    final = layout.path_of(directory, layout.SNAPSHOT, generation)
+    os.rename(final.with_name(final.name + ".tmp"), final)
     layout.fsync_dir(directory)
     listing = layout.list_files(directory)
-    for generation in listing.logs:
-        if generation < snapshot.generation:
-            layout.remove(layout.path_of(directory, layout.LOG, generation))
-    for generation in listing.snapshots:
-        if generation < snapshot.generation:
-            layout.remove(layout.path_of(directory, layout.SNAPSHOT, generation))
+    for older in listing.logs:
+        if older < generation:
+            layout.remove(layout.path_of(directory, layout.LOG, older))
+    for older in listing.snapshots:
+        if older < generation:
+            layout.remove(layout.path_of(directory, layout.SNAPSHOT, older))
     layout.fsync_dir(directory)
-    return size
 
 
 @dataclass

@@ -47,7 +47,8 @@ import trio
 from stores.base import Cursor, DeadLetter, MessageStore, Page, Stage, Staged, StoreStats
 from stores.entity import MessageEntity
 from stores.errors import StoreError, StoreUnavailable
-from stores.file import layout, records
+from stores.file import forked, layout, records
+from stores.file import snapshot as snapshots
 from stores.file.cache import PayloadCache
 from stores.file.index import Index, location, same_record, unpack
 from stores.file.lock import DirectoryLock
@@ -569,11 +570,20 @@ class FileStore(MessageStore):
         snapshot = Snapshot(
             generation=writer.log_generation + 1,
             high_water=(writer.segment.number, writer.end),
-            entries=dict(index.entries),
-            topics=list(index.topics.values),
-            reasons=list(index.reasons.values),
-            groups=list(index.groups.values),
+            entries=index.entries,
+            topics=index.topics.values,
+            reasons=index.reasons.values,
+            groups=index.groups.values,
         )
+        # Encoded in a child forked now, from the index as it is (see forked.py); if the
+        # system refuses to fork, by the compactor thread from copies, sharing the GIL.
+        snapshot.child = forked.start(functools.partial(snapshots.write_temporary, self.directory, snapshot))
+        if snapshot.child is None:
+            self._log.warning(
+                "store.fork_refused",
+                detail="the snapshot is written by a thread, which slows the event loop while it runs",
+            )
+            snapshot = snapshot.copied()
         self._compaction_pending = True
         self._compaction_done = trio.Event()
         self._snapshot_mark = snapshot.high_water

@@ -482,6 +482,8 @@ class Writer:
             )
             log.error("store.write_failed", store=str(self.directory), error=str(exc))
             batch.error = self.failure
+        if batch.error is not None and batch.snapshot is not None and batch.snapshot.child is not None:
+            batch.snapshot.child.kill()  # no compactor will install what it writes
 
     def _write(self, batch: Batch) -> None:
         records = 0
@@ -563,10 +565,16 @@ class Writer:
             segment.path.unlink(missing_ok=True)
 
     def _compact(self, snapshot: snapshots.Snapshot) -> None:
+        """The compactor thread: once the cut is synced, the snapshot is written (by its child
+        process, or here) and installed."""
         started = time.perf_counter()
         result: int | BaseException
         try:
-            result = snapshots.write(self.directory, snapshot)
+            if snapshot.child is not None:
+                result = snapshot.child.wait()
+            else:
+                result = snapshots.write_temporary(self.directory, snapshot)
+            snapshots.install(self.directory, snapshot.generation)
         except OSError as exc:
             result = exc
         try:

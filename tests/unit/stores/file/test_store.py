@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import pytest
 import trio
+from structlog.testing import capture_logs
 
 from stores import MessageEntity, StoreCorrupted, StoreError, StoreLocked, StoreStalled
 from stores.file import FileStore, layout
@@ -342,27 +343,69 @@ async def test_rolled_back_messages_free_their_segments_too(tmp_path: Path) -> N
         assert len(names(tmp_path, "*.seg")) == 1
 
 
-async def test_the_log_is_compacted_into_snapshots(tmp_path: Path) -> None:
+def refuse_to_fork() -> int:
+    raise BlockingIOError(11, "Resource temporarily unavailable")
+
+
+@pytest.mark.parametrize("fork", ["allowed", "refused"])
+async def test_the_log_is_compacted_into_snapshots(
+    tmp_path: Path, fork: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Snapshots are written by a forked child; where the system refuses to fork, by a thread.
+    if fork == "refused":
+        monkeypatch.setattr(os, "fork", refuse_to_fork)
     options = {"fsync": "never", "compact_bytes": 8192}
-    async with FileStore.from_uri(uri(tmp_path, **options)) as store:
-        entities = [message() for _ in range(50)]
-        for entity in entities:
-            await store.save(entity)
-        rounds = 0
-        with trio.fail_after(60):  # a snapshot waits for fsyncs, slow on a busy disk
-            while (await store.stats()).details["compactions"] < 3:
-                for entity in entities:
-                    await store.update_delivery(entity.message_id, ["a"], ["b", "c"], rounds, 1000.0 + rounds)
-                await store.save(message())
-                rounds += 1
-        logs = names(tmp_path, "*.log")
+    with capture_logs() as events:
+        async with FileStore.from_uri(uri(tmp_path, **options)) as store:
+            entities = [message() for _ in range(50)]
+            for entity in entities:
+                await store.save(entity)
+            rounds = 0
+            with trio.fail_after(60):  # a snapshot waits for fsyncs, slow on a busy disk
+                while (await store.stats()).details["compactions"] < 3:
+                    for entity in entities:
+                        await store.update_delivery(
+                            entity.message_id, ["a"], ["b", "c"], rounds, 1000.0 + rounds
+                        )
+                    await store.save(message())
+                    rounds += 1
+            logs = names(tmp_path, "*.log")
     assert logs[0] != "0000000001.log", "old generations are deleted while the store runs"
+    refusals = [event for event in events if event["event"] == "store.fork_refused"]
+    assert len(refusals) == (4 if fork == "refused" else 0)  # three while open, one at close
     async with FileStore.from_uri(uri(tmp_path)) as store:
         got = await store.get(entities[7].message_id)
         assert got is not None and (got.deliver_count, got.next_deliver_at) == (rounds - 1, 999.0 + rounds)
         assert got.succ_groups == ("a",) and got.fail_groups == ("b", "c")
         assert (await store.stats()).details["recovered_records"] == 50 + rounds
     assert disk_bytes(tmp_path, "*.log") < 100, "the close left a snapshot"
+
+
+async def test_a_snapshot_that_fails_to_be_written_is_retried_at_the_next_cut(tmp_path: Path) -> None:
+    # The child writing generation 2's snapshot cannot create its file; the log is kept
+    # and the next snapshot (generation 3) replaces it.
+    options = {"fsync": "never", "compact_bytes": 8192}
+    with capture_logs() as logs:
+        async with FileStore.from_uri(uri(tmp_path, **options)) as store:
+            (tmp_path / "0000000002.snap.tmp").mkdir()
+            entities = [message() for _ in range(50)]
+            for entity in entities:
+                await store.save(entity)
+            rounds = 0
+            with trio.fail_after(60):
+                while (await store.stats()).details["compactions"] < 1:
+                    for entity in entities:
+                        await store.update_delivery(entity.message_id, ["a"], [], rounds, 1000.0 + rounds)
+                    await store.save(message())  # waits for its write: the compactor's report comes in
+                    rounds += 1
+            assert names(tmp_path, "*.snap") == ["0000000003.snap"]
+    [failed] = [entry for entry in logs if entry["event"] == "store.compaction_failed"]
+    assert failed["generation"] == 2
+    assert "exited with status 1: IsADirectoryError" in failed["error"]
+    (tmp_path / "0000000002.snap.tmp").rmdir()
+    async with FileStore.from_uri(uri(tmp_path)) as store:
+        got = await store.get(entities[7].message_id)
+        assert got is not None and got.deliver_count == rounds - 1
 
 
 async def test_a_clean_close_leaves_a_snapshot_so_restarts_skip_the_data(tmp_path: Path) -> None:
