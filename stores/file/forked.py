@@ -27,6 +27,11 @@ from collections.abc import Callable
 from contextlib import suppress
 
 PR_SET_PDEATHSIG = 1
+# Looked up now, in the parent: in the child a dlopen or dlsym could wait for a loader lock
+# that another thread of the parent held at the fork, for ever.
+_PRCTL: Callable[..., int] | None = (
+    ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+)
 # How much of a failed child's explanation is kept.
 REPORT_LIMIT = 2000
 
@@ -116,7 +121,5 @@ def _child(work: Callable[[], int], report_fd: int, parent: int) -> None:
 
 
 def _die_with_parent() -> None:
-    if sys.platform == "linux":
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if _PRCTL is not None and _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
