@@ -77,9 +77,9 @@ class Forked:
         return OSError(f"child process {self.pid} {ended}: {report or 'it reported nothing'}")
 
 
-def start(work: Callable[[], int]) -> Forked | None:
-    """Run `work` in a forked child; None if the system refuses to fork (the caller does
-    the work another way)."""
+def start(work: Callable[[], int]) -> Forked:
+    """Run `work` in a forked child. OSError if the system refuses (no process or descriptor
+    to spare, no memory to commit): the caller does the work another way."""
     report_read, report_write = os.pipe()
     parent = os.getpid()
     try:
@@ -87,7 +87,7 @@ def start(work: Callable[[], int]) -> Forked | None:
     except OSError:
         os.close(report_read)
         os.close(report_write)
-        return None
+        raise
     if pid == 0:
         _child(work, report_write, parent)
     os.close(report_write)

@@ -48,7 +48,6 @@ from stores.base import Cursor, DeadLetter, MessageStore, Page, Stage, Staged, S
 from stores.entity import MessageEntity
 from stores.errors import StoreError, StoreUnavailable
 from stores.file import forked, layout, records
-from stores.file import snapshot as snapshots
 from stores.file.cache import PayloadCache
 from stores.file.index import Index, location, same_record, unpack
 from stores.file.lock import DirectoryLock
@@ -58,7 +57,7 @@ from stores.file.options import FileStoreOptions, parse_uri
 from stores.file.records import RecordType
 from stores.file.recovery import Recovered, recover
 from stores.file.segment import Segment, read_runs
-from stores.file.snapshot import Snapshot
+from stores.file.snapshot import Snapshot, write_temporary
 from stores.file.writer import Batch, FsyncMode, Writer
 from stores.schedule import PROMOTE_STEP
 
@@ -577,10 +576,12 @@ class FileStore(MessageStore):
         )
         # Encoded in a child forked now, from the index as it is (see forked.py); if the
         # system refuses to fork, by the compactor thread from copies, sharing the GIL.
-        snapshot.child = forked.start(functools.partial(snapshots.write_temporary, self.directory, snapshot))
-        if snapshot.child is None:
+        try:
+            snapshot.child = forked.start(functools.partial(write_temporary, self.directory, snapshot))
+        except OSError as refused:
             self._log.warning(
                 "store.fork_refused",
+                error=str(refused),
                 detail="the snapshot is written by a thread, which slows the event loop while it runs",
             )
             snapshot = snapshot.copied()

@@ -470,19 +470,18 @@ class Writer:
             self._sleeping = False
 
     def _process(self, batch: Batch) -> None:
-        if self.failure is not None:
-            batch.error = self.failure
-            return
-        try:
-            self._write(batch)
-        except OSError as exc:
-            self.failure = StoreUnavailable(
-                f"writing the file store {self.directory} failed ({exc}); it accepts no more writes — "
-                "free disk space or fix the device, then restart to recover from what is on disk"
-            )
-            log.error("store.write_failed", store=str(self.directory), error=str(exc))
-            batch.error = self.failure
-        if batch.error is not None and batch.snapshot is not None and batch.snapshot.child is not None:
+        if self.failure is None:
+            try:
+                self._write(batch)
+                return
+            except OSError as exc:
+                self.failure = StoreUnavailable(
+                    f"writing the file store {self.directory} failed ({exc}); it accepts no more writes "
+                    "— free disk space or fix the device, then restart to recover from what is on disk"
+                )
+                log.error("store.write_failed", store=str(self.directory), error=str(exc))
+        batch.error = self.failure
+        if batch.snapshot is not None and batch.snapshot.child is not None:
             batch.snapshot.child.kill()  # no compactor will install what it writes
 
     def _write(self, batch: Batch) -> None:

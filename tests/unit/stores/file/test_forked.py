@@ -45,7 +45,6 @@ def test_the_child_reports_what_its_work_returned_or_why_it_failed(
     work: Callable[[], int], returns: int | None, raises: str | None
 ) -> None:
     child = forked.start(work)
-    assert child is not None
     if raises is None:
         assert child.wait() == returns
     else:
@@ -55,9 +54,20 @@ def test_the_child_reports_what_its_work_returned_or_why_it_failed(
             child.wait()
 
 
+def refuse_to_fork() -> int:
+    raise BlockingIOError(11, "Resource temporarily unavailable")
+
+
+def test_a_refused_fork_is_raised_and_leaks_no_descriptor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "fork", refuse_to_fork)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(BlockingIOError, match="Resource temporarily unavailable"):
+        forked.start(lambda: 0)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
 def test_a_killed_child_is_reaped_and_says_so() -> None:
     child = forked.start(sleep_long)
-    assert child is not None
     child.kill()
     with pytest.raises(OSError, match="was killed by SIGKILL"):
         child.wait()
@@ -72,7 +82,6 @@ def test_the_child_holds_none_of_its_parents_descriptors() -> None:
         high = os.dup2(listener.fileno(), 900)  # above the report pipe's descriptors too
         try:
             child = forked.start(lambda: fd_is_open(high) + fd_is_open(listener.fileno()))
-            assert child is not None
             assert child.wait() == 0
         finally:
             os.close(high)

@@ -18,6 +18,7 @@ from stores import MessageEntity, StoreCorrupted, StoreError, StoreLocked, Store
 from stores.file import FileStore, layout
 from stores.file.records import HEADER_SIZE, Scan
 from stores.file.writer import RWF_DSYNC
+from tests.unit.stores.file.test_forked import refuse_to_fork
 
 InstrumentT = TypeVar("InstrumentT", bound=trio.abc.Instrument)
 
@@ -343,10 +344,6 @@ async def test_rolled_back_messages_free_their_segments_too(tmp_path: Path) -> N
         assert len(names(tmp_path, "*.seg")) == 1
 
 
-def refuse_to_fork() -> int:
-    raise BlockingIOError(11, "Resource temporarily unavailable")
-
-
 @pytest.mark.parametrize("fork", ["allowed", "refused"])
 async def test_the_log_is_compacted_into_snapshots(
     tmp_path: Path, fork: str, monkeypatch: pytest.MonkeyPatch
@@ -373,6 +370,7 @@ async def test_the_log_is_compacted_into_snapshots(
     assert logs[0] != "0000000001.log", "old generations are deleted while the store runs"
     refusals = [event for event in events if event["event"] == "store.fork_refused"]
     assert len(refusals) == (4 if fork == "refused" else 0)  # three while open, one at close
+    assert all("Resource temporarily unavailable" in event["error"] for event in refusals)
     async with FileStore.from_uri(uri(tmp_path)) as store:
         got = await store.get(entities[7].message_id)
         assert got is not None and (got.deliver_count, got.next_deliver_at) == (rounds - 1, 999.0 + rounds)
