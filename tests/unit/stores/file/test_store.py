@@ -14,8 +14,8 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from stores import MessageEntity, StoreCorrupted, StoreError, StoreLocked, StoreStalled
-from stores.file import FileStore, layout
+from stores import MessageEntity, StoreCorrupted, StoreError, StoreLocked, StoreStalled, StoreUnavailable
+from stores.file import FileStore, forked, layout
 from stores.file.records import HEADER_SIZE, Scan
 from stores.file.writer import RWF_DSYNC
 from tests.unit.stores.file.test_forked import refuse_to_fork
@@ -53,6 +53,15 @@ def damage_first_record(directory: Path) -> tuple[Path, int]:
     data[first + HEADER_SIZE + 300] ^= 0xFF
     segment.write_bytes(bytes(data))
     return segment, first
+
+
+def reaped(pid: int) -> bool:
+    """True once nothing is left of child `pid` to wait for (no zombie); never blocks."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
 
 
 def append(path: Path, data: bytes) -> int:
@@ -404,6 +413,44 @@ async def test_a_snapshot_that_fails_to_be_written_is_retried_at_the_next_cut(tm
     async with FileStore.from_uri(uri(tmp_path)) as store:
         got = await store.get(entities[7].message_id)
         assert got is not None and got.deliver_count == rounds - 1
+
+
+async def test_a_failed_write_fails_the_store_and_abandons_the_snapshot_it_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    children: list[forked.Forked] = []
+    fork = forked.start
+
+    def start(work: Callable[[], int]) -> forked.Forked:
+        children.append(fork(work))  # the real child, only recorded
+        return children[-1]
+
+    monkeypatch.setattr(forked, "start", start)
+    entity = message()
+    with capture_logs() as logs:
+        async with FileStore.from_uri(uri(tmp_path)) as store:
+            await store.save(entity)
+            await store.update_delivery(entity.message_id, ["a"], [], 0, 4.0)
+            await store.save(message())  # writes the log record above with it: the log is open
+            writer = store._writer
+            assert writer is not None and writer._log_fd is not None
+            # The operation log now refuses writes (EBADF), as a failed device would.
+            read_only = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(read_only, writer._log_fd)
+            os.close(read_only)
+            await store.update_delivery(entity.message_id, ["a"], [], 1, 5.0)  # lazily logged
+            store._snapshot(writer, "test")  # its batch writes that record, and fails
+            await store._compaction_done.wait()
+            with pytest.raises(StoreUnavailable, match="accepts no more writes"):
+                await store.save(message())
+    [child] = children
+    assert reaped(child.pid)
+    assert names(tmp_path, "*.snap") == []  # what it wrote was never installed
+    [failed] = [entry for entry in logs if entry["event"] == "store.compaction_failed"]
+    assert "accepts no more writes" in failed["error"]
+    async with FileStore.from_uri(uri(tmp_path)) as store:  # the change before the failure is kept
+        got = await store.get(entity.message_id)
+        assert got is not None and (got.succ_groups, got.next_deliver_at) == (("a",), 4.0)
 
 
 async def test_a_clean_close_leaves_a_snapshot_so_restarts_skip_the_data(tmp_path: Path) -> None:
