@@ -403,7 +403,7 @@ async def test_a_snapshot_that_fails_to_be_written_is_retried_at_the_next_cut(tm
                 while (await store.stats()).details["compactions"] < 1:
                     for entity in entities:
                         await store.update_delivery(entity.message_id, ["a"], [], rounds, 1000.0 + rounds)
-                    await store.save(message())  # waits for its write: the compactor's report comes in
+                    await store.save(message())  # yields to the loop, which takes in the compactor's report
                     rounds += 1
             assert names(tmp_path, "*.snap") == ["0000000003.snap"]
     [failed] = [entry for entry in logs if entry["event"] == "store.compaction_failed"]
