@@ -10,9 +10,10 @@ thread copies nothing (a fork of a 440 MB process took 7-10 ms here, a copy of a
 million-entry dict 35 ms). It is how Redis writes its snapshots (BGSAVE).
 
 The child does only its `work`. It first closes every descriptor it inherited (a listening
-socket or the store's LOCK held by a child would outlive a restart of the broker), dies with
-its parent (PR_SET_PDEATHSIG: a kill -9 of the broker leaves no child writing), and always
-ends in `os._exit`, never returning into the parent's code. What it reports travels back
+socket or the store's LOCK held by a child would outlive a restart of the broker), ignores
+SIGINT and SIGTERM (its parent stops gracefully and waits for it), dies with its parent
+(PR_SET_PDEATHSIG: a kill -9 of the broker leaves no child writing), and always ends in
+`os._exit`, never returning into the parent's code. What it reports travels back
 through a pipe: the number `work` returned, or why it failed.
 """
 
@@ -106,8 +107,11 @@ def _child(work: Callable[[], int], report_fd: int, parent: int) -> None:
             os.closerange(report_fd + 1, os.sysconf("SC_OPEN_MAX"))
             with suppress(ValueError):  # the child's one thread is its main thread; if not, they stay
                 signal.set_wakeup_fd(-1)  # the parent's event loop's, closed above
+                # The parent decides when the child ends. A Ctrl-C or a stop reaches the whole
+                # process group (systemd signals the whole unit): the broker then stops
+                # gracefully and waits for its snapshot, which is not thrown away.
                 for signum in (signal.SIGINT, signal.SIGTERM):
-                    signal.signal(signum, signal.SIG_DFL)  # a Ctrl-C or a stop ends the child at once
+                    signal.signal(signum, signal.SIG_IGN)
             # A collection would touch every object of the parent's heap: each touched page is
             # then copied, and the child would take as much memory again.
             gc.disable()

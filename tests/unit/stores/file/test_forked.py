@@ -4,11 +4,13 @@ and does not outlive its parent."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import trio
@@ -85,6 +87,22 @@ def test_the_child_holds_none_of_its_parents_descriptors() -> None:
             assert child.wait() == 0
         finally:
             os.close(high)
+
+
+def test_the_child_outlives_a_stop_sent_to_its_process_group(tmp_path: Path) -> None:
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+
+    def read_go() -> int:
+        with open(fifo, "rb") as go:  # opened after the child set its signals up
+            return len(go.read())
+
+    child = forked.start(read_go)
+    with open(fifo, "wb") as go:  # returns once the child has opened its end
+        os.kill(child.pid, signal.SIGTERM)
+        os.kill(child.pid, signal.SIGINT)
+        go.write(b"done")
+    assert child.wait() == 4
 
 
 PARENT = """
