@@ -18,7 +18,7 @@ from stores import MessageEntity, StoreCorrupted, StoreError, StoreLocked, Store
 from stores.file import FileStore, forked, layout
 from stores.file.records import HEADER_SIZE, Scan
 from stores.file.writer import RWF_DSYNC
-from tests.unit.stores.file.test_forked import refuse_to_fork
+from tests.unit.stores.file.test_forked import reaped, refuse_to_fork
 
 InstrumentT = TypeVar("InstrumentT", bound=trio.abc.Instrument)
 
@@ -53,15 +53,6 @@ def damage_first_record(directory: Path) -> tuple[Path, int]:
     data[first + HEADER_SIZE + 300] ^= 0xFF
     segment.write_bytes(bytes(data))
     return segment, first
-
-
-def reaped(pid: int) -> bool:
-    """True once nothing is left of child `pid` to wait for (no zombie); never blocks."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return False
 
 
 def append(path: Path, data: bytes) -> int:
