@@ -9,9 +9,10 @@ RWF_DSYNC when its file holds nothing else unsynced, else an fdatasync after the
 writes), and hands the batch back to Trio (`TrioToken.run_sync_soon`), which sets
 the batch's event: every caller in it wakes together. While a batch is being
 written the next one fills up, so the busier the store, the more saves share each
-fsync. A batch is due when a caller waits on it (`Batch.wait` -> `flush`); a lone
-caller, with nothing else ready on the Trio thread and the writer asleep, writes it
-in place, sparing two thread hand-offs.
+fsync. A batch is due when a caller waits on it (`Batch.wait` -> `flush`); while
+the writer sleeps, the caller writes it in place once nothing else is ready on the
+Trio thread, sparing two thread hand-offs: a lone caller at once, one beside ready
+tasks after they ran (or, if the loop stays busy for IDLE_GRACE, the writer takes it).
 
 A batch holding only lazily logged changes (nobody waits on it) is written
 LAZY_WRITE_DELAY after its first record, or with the next save if one comes first.
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import structlog
 import trio
+import trio.testing
 
 from stores.errors import StoreStalled, StoreUnavailable
 from stores.file import layout
@@ -53,6 +55,10 @@ log = structlog.get_logger(__name__)
 # to write it with. A crash of the process in between loses them: messages are then
 # delivered again (at-least-once), never lost.
 LAZY_WRITE_DELAY = 0.005
+# How long a save waits for the event loop to go idle, to be written in place then (see
+# `Batch.wait`), before the writer thread takes it: while tasks keep the loop busy that
+# long, the store is busy enough for batches to fill.
+IDLE_GRACE = 0.001
 # A batch written on the Trio thread (see `Writer.flush`) that took longer than this held
 # up the event loop (a normal one takes 0.1-0.3 ms here): for a while every batch goes to
 # the writer thread (`inline_pause`).
@@ -96,6 +102,7 @@ class Batch:
         "end",
         "error",
         "log",
+        "log_durable",
         "log_generation",
         "reclaim",
         "seq",
@@ -115,6 +122,9 @@ class Batch:
         self.reclaim: list[Segment] = []
         self.snapshot: snapshots.Snapshot | None = None
         self.durable = False
+        # Whether its log records must be synced too: lazily logged changes riding along
+        # with a durable save need not, so that save costs one fsync, not two.
+        self.log_durable = False
         self.synced = False
         self.touched_at = 0.0
         self.end: tuple[int, int] | None = None
@@ -133,11 +143,28 @@ class Batch:
         Asking for it has it written (`Writer.flush`: in place when the store is idle);
         `checkpoint=False` then returns without yielding, for a caller whose every turn of
         the event loop shows in a round trip.
+
+        If it could be written in place but other tasks are ready to run (deliveries of
+        the messages it holds, say), they run first: it is written once the loop has
+        nothing else to do, or by the writer thread after IDLE_GRACE. Handed to the
+        writer thread at once, it cost a thread hand-off per batch at moderate load, and
+        the two threads' turns at the GIL showed in every delivery's latency (messages
+        paced at 5,000 a second, end to end: p50 0.87-0.97 ms against 1.00-1.08 ms).
         """
+        yielded = False
         if not self.done.is_set():
-            self.writer.flush(self)
+            if self.writer.in_place_once_idle(self):
+                yielded = True
+                try:
+                    with trio.move_on_after(IDLE_GRACE):
+                        await trio.testing.wait_all_tasks_blocked()
+                finally:
+                    if not self.done.is_set():
+                        self.writer.flush(self)
+            else:
+                self.writer.flush(self)
         if self.done.is_set():
-            if checkpoint:
+            if checkpoint and not yielded:
                 await trio.lowlevel.checkpoint()
         else:
             await self.writer.wait_written(self)
@@ -176,6 +203,7 @@ class Writer:
         # Held by whoever writes batches: the writer thread, or the Trio thread in `flush`.
         self._io = threading.Lock()
         self._sleeping = False
+        self._sleep_timed = False  # it wakes by itself within LAZY_WRITE_DELAY
         self._stopping = False
         self.inline_write_limit = INLINE_WRITE_LIMIT
         self.inline_pause_factor = INLINE_PAUSE_FACTOR
@@ -244,6 +272,7 @@ class Writer:
         with self._lock:
             batch = self._open
             batch.log.extend(records)
+            batch.log_durable = batch.log_durable or durable
             self._touch(batch, durable)
         return batch
 
@@ -251,6 +280,7 @@ class Writer:
         """A batch that fsyncs (per the mode) everything appended so far."""
         with self._lock:
             batch = self._open
+            batch.log_durable = True
             self._touch(batch, True)
         return batch
 
@@ -265,6 +295,7 @@ class Writer:
         with self._lock:
             batch = self._open
             batch.snapshot = snapshot
+            batch.log_durable = True
             self._touch(batch, True)
             self._cut.append(batch)
             if self._sleeping:
@@ -282,6 +313,17 @@ class Writer:
             self._progress_at = time.monotonic()  # a stall is timed from the first wait
         self._waited.add(batch)
         await batch.done.wait()
+
+    def in_place_once_idle(self, batch: Batch) -> bool:
+        """Whether `flush` would write `batch` in place, but for the tasks ready to run."""
+        return (
+            batch is self._open
+            and self._sleeping
+            and not self._cut
+            and not self._stopping
+            and time.monotonic() >= self._inline_paused_until
+            and trio.lowlevel.current_statistics().tasks_runnable > 0
+        )
 
     def flush(self, batch: Batch) -> None:
         """A caller waits on `batch` (Batch.wait): have it written now.
@@ -338,14 +380,15 @@ class Writer:
         return (segment, offset) < self.written
 
     def _touch(self, batch: Batch, durable: bool) -> None:
-        # The writer is woken by a lazy batch's first record, to write it LAZY_WRITE_DELAY
-        # later; a batch someone must wait on is written when they wait (`flush`).
+        # A lazy batch's first record wakes the writer, to write it LAZY_WRITE_DELAY later,
+        # unless it is to wake by itself before then (`_await_work`); a batch someone must
+        # wait on is written when they wait (`flush`).
         first = not batch.touched_at
         if first:
             batch.touched_at = time.monotonic()
         batch.durable = batch.durable or durable
         self.dirty_seq = batch.seq
-        if first and not durable and self._sleeping:
+        if first and not durable and self._sleeping and not self._sleep_timed:
             self._cond.notify()
 
     def _finished(self, batches: list[Batch]) -> None:
@@ -413,9 +456,10 @@ class Writer:
     # -- writer thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
+        wrote = False
         while True:
             with self._lock:
-                self._await_work()
+                self._await_work(look_out=wrote)
                 batches, self._cut = self._cut, []
                 if not self._open.empty:
                     batches.append(self._open)
@@ -426,6 +470,7 @@ class Writer:
             with self._io:
                 for batch in batches:
                     self._process(batch)
+            wrote = True
             try:
                 self._token.run_sync_soon(self._finished, batches)
             except trio.RunFinishedError:
@@ -451,14 +496,21 @@ class Writer:
                 except trio.RunFinishedError:
                     return
 
-    def _await_work(self) -> None:
+    def _await_work(self, *, look_out: bool) -> None:
         """Sleep (holding `_lock`) until a batch is due: at once if a caller waits on it,
         else LAZY_WRITE_DELAY after its first record, so lazily logged changes mostly ride
-        along with the next save instead of costing a write and a wake-up of their own."""
+        along with the next save instead of costing a write and a wake-up of their own.
+
+        With `look_out` (it has just written), over an empty batch it first sleeps
+        LAZY_WRITE_DELAY, then until woken: while the store is busy, a lazy batch that
+        opens meanwhile needs no wake-up of its own (at 5,000 saves a second that was one
+        of the writer's two wake-ups per batch), and an idle store's writer sleeps for
+        good after one look."""
         while not self._cut and not self._stopping:
             batch = self._open
             if batch.empty:
-                timeout = None
+                timeout = LAZY_WRITE_DELAY if look_out else None
+                look_out = False
             elif batch.durable:
                 return
             else:
@@ -466,6 +518,7 @@ class Writer:
                 if timeout <= 0:
                     return
             self._sleeping = True
+            self._sleep_timed = timeout is not None
             self._cond.wait(timeout)
             self._sleeping = False
 
@@ -487,6 +540,7 @@ class Writer:
     def _write(self, batch: Batch) -> None:
         records = 0
         must_sync = self.mode is FsyncMode.ALWAYS or (batch.durable and self.mode is FsyncMode.BATCH)
+        sync_log = must_sync and (batch.log_durable or self.mode is FsyncMode.ALWAYS)
         for segment, start, chunks in batch.data:
             if segment is not self._active:
                 self._seal()
@@ -503,13 +557,13 @@ class Writer:
                 self._switch_log(batch.log_generation)
             assert self._log_fd is not None
             written, self._log_dirty = _write_range(
-                self._log_fd, batch.log, self.log_size, must_sync, self._log_dirty
+                self._log_fd, batch.log, self.log_size, sync_log, self._log_dirty
             )
             self.log_size += written
             records += len(batch.log)
         if must_sync or batch.snapshot is not None:
-            self._sync()
-        batch.synced = must_sync or self.mode is FsyncMode.NEVER or not (self._data_dirty or self._log_dirty)
+            self._sync(log=sync_log or batch.snapshot is not None)
+        batch.synced = self.mode is FsyncMode.NEVER or not (self._data_dirty or self._log_dirty)
         if batch.reclaim:
             self._delete(batch.reclaim)
         if batch.snapshot is not None:
@@ -525,12 +579,13 @@ class Writer:
         self.batches += 1
         self.batched_records += records
 
-    def _sync(self) -> None:
-        """fsync data before log: a durable op never refers to a record that is not."""
+    def _sync(self, *, log: bool = True) -> None:
+        """fsync data before log: a durable op never refers to a record that is not.
+        `log=False` leaves lazily logged changes to a later sync."""
         if self._data_dirty and self._active is not None and self._active.fd is not None:
             os.fdatasync(self._active.fd)
             self._data_dirty = False
-        if self._log_dirty and self._log_fd is not None:
+        if log and self._log_dirty and self._log_fd is not None:
             os.fdatasync(self._log_fd)
             self._log_dirty = False
         if self._dir_dirty:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -192,9 +194,80 @@ async def test_a_lone_save_is_durable_without_a_turn_of_the_event_loop(tmp_path:
         assert await yields_in(staged.durable) == 0
         assert (await store.stats()).details["fsyncs"] == fsyncs + 1, "synced before it returned"
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.sleep, 0)  # another task is ready: no write in place now
+            nursery.start_soon(trio.sleep, 0)  # another task is ready: it runs first
             staged = await store.stage_many([message()])
-            assert await yields_in(staged.durable) >= 1, "waited for the writer thread"
+            assert await yields_in(staged.durable) == 1, "one yield: to the task ready, then written"
+
+
+def record_writing_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the thread of every pwritev from now on."""
+    threads: list[str] = []
+    pwritev = os.pwritev
+
+    def recording_pwritev(fd: int, buffers: list[bytes], offset: int, flags: int = 0) -> int:
+        threads.append(threading.current_thread().name)
+        return pwritev(fd, buffers, offset, flags)
+
+    monkeypatch.setattr(os, "pwritev", recording_pwritev)
+    return threads
+
+
+async def test_a_save_beside_ready_tasks_is_written_in_place_once_they_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        await store.save(message())
+        threads = record_writing_threads(monkeypatch)
+        ran: list[str] = []
+
+        async def deliver() -> None:
+            ran.append(f"delivered before the write: {not threads}")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(deliver)
+            waits = await instrumented(BlockingWaits(), functools.partial(store.save, message()))
+        assert ran == ["delivered before the write: True"]
+        assert threads == [threading.main_thread().name], "written in place, once the loop was idle"
+        assert waits.count == 0, "the event loop never slept waiting for the writer thread"
+        assert (await store.stats()).details["fsyncs"] == 2
+
+
+async def test_a_save_beside_a_loop_that_never_goes_idle_is_written_all_the_same(tmp_path: Path) -> None:
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        await store.save(message())
+        fsyncs = (await store.stats()).details["fsyncs"]
+        saved = trio.Event()
+
+        async def busy() -> None:  # always ready to run: the loop never goes idle
+            while not saved.is_set():
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(busy)
+            with trio.fail_after(5):  # the wait for an idle loop is bounded by IDLE_GRACE
+                await store.save(message())
+            saved.set()
+        assert (await store.stats()).details["fsyncs"] == fsyncs + 1
+
+
+async def test_a_save_cancelled_while_it_waits_for_the_loop_to_go_idle_is_still_written(
+    tmp_path: Path,
+) -> None:
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        await store.save(message())
+        data = disk_bytes(tmp_path, "*.seg")
+        with trio.CancelScope() as scope:
+
+            async def cancel() -> None:
+                scope.cancel()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel)  # ready to run: the save waits for it, and is cancelled
+                await store.save(message())
+        assert scope.cancelled_caught
+        with trio.fail_after(5):  # handed over as it was cancelled, not left for the close
+            while disk_bytes(tmp_path, "*.seg") == data:
+                await trio.sleep(0.001)
 
 
 async def test_finishing_in_batch_mode_costs_no_turn_of_the_event_loop(tmp_path: Path) -> None:
@@ -282,8 +355,10 @@ async def test_a_durable_write_to_a_synced_file_syncs_itself_else_the_file_is_fd
     monkeypatch.setattr(os, "pwritev", recording_pwritev)
     monkeypatch.setattr(os, "fdatasync", recording_fdatasync)
     async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
-        first, second, third = message(), message(), message()
+        first, second, third, fourth = message(), message(), message(), message()
+        pending = message(commit=False)
         await store.save(first)  # a new segment: its header was written unsynced
+        await store.save(pending)
         assert ("fdatasync", ".seg", 0) in calls
         calls.clear()
         await store.save(second)
@@ -297,9 +372,18 @@ async def test_a_durable_write_to_a_synced_file_syncs_itself_else_the_file_is_fd
         assert calls and set(calls) == {("write", ".log", 0)}, "the log's header and the finish"
         calls.clear()
         await store.save(third)
-    assert calls[:2] == [("write", ".seg", RWF_DSYNC), ("fdatasync", ".log", 0)], (
-        "the unsynced finish is synced with the next durable batch, by an fdatasync of the whole log"
-    )
+        assert calls == [("write", ".seg", RWF_DSYNC)], "a save syncs its data, not the lazy finish before"
+        calls.clear()
+        await store.finish(third.message_id)
+        await store.save(fourth)  # within LAZY_WRITE_DELAY of the finish: one batch for both
+        assert calls == [("write", ".seg", RWF_DSYNC), ("write", ".log", 0)], (
+            "a finish riding along with a save is written, not synced: the save costs one fsync, not two"
+        )
+        calls.clear()
+        await store.commit(pending.message_id)
+        assert calls == [("write", ".log", 0), ("fdatasync", ".log", 0)], (
+            "a decision is synced, with the unsynced finishes before it: by an fdatasync of the whole log"
+        )
 
 
 async def test_fsync_never_still_hands_every_save_to_the_os(tmp_path: Path) -> None:
