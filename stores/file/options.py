@@ -31,7 +31,8 @@ class FileStoreOptions:
     """fsync: when calls are durable; segment_bytes: size at which a data segment is sealed;
     repair: keep every readable record past mid-file damage instead of refusing to start;
     read_only: open for offline inspection (nothing written, torn tails left alone);
-    compact_bytes: log size that triggers a snapshot; cache_bytes: recent payloads kept in memory.
+    compact_bytes: log size that triggers a snapshot; cache_bytes: recent payloads kept in memory;
+    write_in_place: a waited-on batch may be written on the event loop's thread when it is idle.
     """
 
     fsync: FsyncMode = FsyncMode.BATCH
@@ -40,6 +41,7 @@ class FileStoreOptions:
     read_only: bool = False
     compact_bytes: int = 64 * MIB
     cache_bytes: int = 16 * MIB
+    write_in_place: bool = True
 
     @classmethod
     def parse(cls, raw: Mapping[str, object]) -> FileStoreOptions:
@@ -53,7 +55,7 @@ class FileStoreOptions:
         for name, value in raw.items():
             if name == "fsync":
                 values[name] = _fsync(value)
-            elif name in ("repair", "read_only"):
+            elif name in ("repair", "read_only", "write_in_place"):
                 values[name] = _bool(name, value)
             else:
                 values[name] = _size(name, value)

@@ -153,6 +153,7 @@ class FileStore(MessageStore):
                 recovered.log_size,
                 self._batches_done,
                 self._compacted,
+                in_place=options.write_in_place,
             )
         self._state = "open"
         if self._writer is not None and recovered.repaired:

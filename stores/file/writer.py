@@ -189,6 +189,8 @@ class Writer:
         log_size: int,
         on_done: Callable[[list[Batch]], None],
         on_compacted: Callable[[int, int | BaseException, float], None],
+        *,
+        in_place: bool = True,
     ) -> None:
         self.directory = directory
         self.mode = mode
@@ -202,6 +204,9 @@ class Writer:
         self._cond = threading.Condition(self._lock)
         # Held by whoever writes batches: the writer thread, or the Trio thread in `flush`.
         self._io = threading.Lock()
+        # Whether a waited-on batch may be written on the Trio thread (`flush`); off, every
+        # batch goes through the writer thread (the store's `write_in_place` option).
+        self.in_place = in_place
         self._sleeping = False
         self._sleep_timed = False  # it wakes by itself within LAZY_WRITE_DELAY
         self._stopping = False
@@ -317,7 +322,8 @@ class Writer:
     def in_place_once_idle(self, batch: Batch) -> bool:
         """Whether `flush` would write `batch` in place, but for the tasks ready to run."""
         return (
-            batch is self._open
+            self.in_place
+            and batch is self._open
             and self._sleeping
             and not self._cut
             and not self._stopping
@@ -340,7 +346,8 @@ class Writer:
         """
         with self._lock:
             inline = (
-                batch is self._open
+                self.in_place
+                and batch is self._open
                 and self._sleeping
                 and not self._cut
                 and not self._stopping

@@ -14,12 +14,14 @@ def test_defaults() -> None:
     store = FileStore.from_uri("file:///var/kiteq/store")
     assert store.directory == Path("/var/kiteq/store")
     options = store.options
-    assert (options.fsync, options.segment_bytes, options.repair, options.read_only) == (
-        FsyncMode.BATCH,
-        64 << 20,
-        False,
-        False,
-    )
+    assert (
+        options.fsync,
+        options.segment_bytes,
+        options.repair,
+        options.read_only,
+        options.write_in_place,
+    ) == (FsyncMode.BATCH, 64 << 20, False, False, True)
+    assert not FileStore.from_uri("file:///d?write_in_place=false").options.write_in_place
 
 
 def test_query_and_keyword_options_keyword_wins() -> None:
@@ -43,6 +45,7 @@ def test_query_and_keyword_options_keyword_wins() -> None:
         ("file:///d?segment_bytes=10", "segment_bytes=10 is out of range"),
         ("file:///d?segment_bytes=2GiB", "out of range"),
         ("file:///d?repair=maybe", "repair='maybe' is not a boolean"),
+        ("file:///d?write_in_place=sometimes", "write_in_place='sometimes' is not a boolean"),
         ("file:///d?fsnyc=batch", "unknown file store option"),
         ("file://", "names no path"),
     ],

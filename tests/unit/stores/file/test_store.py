@@ -232,6 +232,22 @@ async def test_a_save_beside_ready_tasks_is_written_in_place_once_they_ran(
         assert (await store.stats()).details["fsyncs"] == 2
 
 
+async def test_without_write_in_place_every_save_goes_through_the_writer_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # For storage that may stop answering: a write that hangs then holds the writer thread,
+    # whose stalls the watchdog reports, never the event loop.
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch", write_in_place="false")) as store:
+        await store.save(message())
+        threads = record_writing_threads(monkeypatch)
+        assert await lone_saves_waiting_on_the_writer_thread(store, 2) == 2
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep, 0)
+            await store.save(message())
+        assert set(threads) == {f"kiteq-store-writer:{tmp_path}"}
+        assert (await store.stats()).details["fsyncs"] == 4, "each save still synced before it returned"
+
+
 async def test_a_save_beside_a_loop_that_never_goes_idle_is_written_all_the_same(tmp_path: Path) -> None:
     async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
         await store.save(message())
