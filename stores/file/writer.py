@@ -321,6 +321,11 @@ class Writer:
 
     def in_place_once_idle(self, batch: Batch) -> bool:
         """Whether `flush` would write `batch` in place, but for the tasks ready to run."""
+        return self._in_place_allowed(batch) and trio.lowlevel.current_statistics().tasks_runnable > 0
+
+    def _in_place_allowed(self, batch: Batch) -> bool:
+        """Whether `batch` may be written on the Trio thread, whatever else is ready to run:
+        it is the open one, the writer sleeps with nothing cut, and no slow write paused this."""
         return (
             self.in_place
             and batch is self._open
@@ -328,7 +333,6 @@ class Writer:
             and not self._cut
             and not self._stopping
             and time.monotonic() >= self._inline_paused_until
-            and trio.lowlevel.current_statistics().tasks_runnable > 0
         )
 
     def flush(self, batch: Batch) -> None:
@@ -346,13 +350,8 @@ class Writer:
         """
         with self._lock:
             inline = (
-                self.in_place
-                and batch is self._open
-                and self._sleeping
-                and not self._cut
-                and not self._stopping
+                self._in_place_allowed(batch)
                 and trio.lowlevel.current_statistics().tasks_runnable == 0
-                and time.monotonic() >= self._inline_paused_until
                 and self._io.acquire(blocking=False)
             )
             if not inline:
