@@ -131,12 +131,10 @@ def install(directory: Path, generation: int) -> None:
     os.rename(final.with_name(final.name + ".tmp"), final)
     layout.fsync_dir(directory)
     listing = layout.list_files(directory)
-    for older in listing.logs:
-        if older < generation:
-            layout.remove(layout.path_of(directory, layout.LOG, older))
-    for older in listing.snapshots:
-        if older < generation:
-            layout.remove(layout.path_of(directory, layout.SNAPSHOT, older))
+    for kind, generations in ((layout.LOG, listing.logs), (layout.SNAPSHOT, listing.snapshots)):
+        for older in generations:
+            if older < generation:
+                layout.remove(layout.path_of(directory, kind, older))
     layout.fsync_dir(directory)
 
 
