@@ -38,6 +38,7 @@ COMPILED = [
     "stores/file/ops.py",
     "stores/file/records.py",
     "stores/file/cache.py",
+    "stores/file/slow_writes.py",
     "kiteq/registry/bindings.py",
     "kiteq/server/delivery/rounds.py",
     "kiteq/server/events.py",

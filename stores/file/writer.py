@@ -48,6 +48,7 @@ from stores.errors import StoreStalled, StoreUnavailable
 from stores.file import layout
 from stores.file import snapshot as snapshots
 from stores.file.segment import Segment
+from stores.file.slow_writes import SlowWriteBudget
 
 log = structlog.get_logger(__name__)
 
@@ -59,16 +60,7 @@ LAZY_WRITE_DELAY = 0.005
 # `Batch.wait`), before the writer thread takes it: while tasks keep the loop busy that
 # long, the store is busy enough for batches to fill.
 IDLE_GRACE = 0.001
-# A batch written on the Trio thread (see `Writer.flush`) that took longer than this held
-# up the event loop (a normal one takes 0.1-0.3 ms here): for a while every batch goes to
-# the writer thread (`inline_pause`).
-INLINE_WRITE_LIMIT = 0.002
-# The pause lasts this many times as long as the slow write took, so slow writes in place
-# hold up the event loop for about 1 % of the time at most: a hiccup costs the fast path
-# little (a 3 ms write pauses it for 0.3 s), a stall a long while (up to INLINE_PAUSE_MAX).
-INLINE_PAUSE_FACTOR = 100.0
-INLINE_PAUSE_MAX = 30.0
-# Pauses this long or longer are logged (at most one line a second): the disk is stalling.
+# Pauses of writes in place (slow_writes.py) this long or longer are logged: the disk stalls.
 LOGGED_PAUSE = 1.0
 # Callers have waited this long with no batch finished: the disk stalls, they are failed.
 STALL_TIMEOUT = 10.0
@@ -76,12 +68,6 @@ STALL_TIMEOUT = 10.0
 STALL_CHECKS_PER_TIMEOUT = 10
 # Linux 4.7 and later; elsewhere every synced write is a write and then an fdatasync.
 RWF_DSYNC: int = getattr(os, "RWF_DSYNC", 0)
-
-
-def inline_pause(took: float, limit: float, factor: float = INLINE_PAUSE_FACTOR) -> float:
-    """How long batches go to the writer thread after a write in place that took `took`
-    seconds: none if it took no longer than `limit`, else `factor` times as long, capped."""
-    return 0.0 if took <= limit else min(INLINE_PAUSE_MAX, factor * took)
 
 
 class FsyncMode(enum.StrEnum):
@@ -210,9 +196,8 @@ class Writer:
         self._sleeping = False
         self._sleep_timed = False  # it wakes by itself within LAZY_WRITE_DELAY
         self._stopping = False
-        self.inline_write_limit = INLINE_WRITE_LIMIT
-        self.inline_pause_factor = INLINE_PAUSE_FACTOR
-        self._inline_paused_until = 0.0
+        # How much of the loop's time slow writes in place have taken: spent, they pause.
+        self.slow_writes = SlowWriteBudget()
         self.stall_timeout = STALL_TIMEOUT
         # Batches someone waits on (Trio side), and when a batch last finished (either side).
         self._waited: set[Batch] = set()
@@ -325,14 +310,15 @@ class Writer:
 
     def _in_place_allowed(self, batch: Batch) -> bool:
         """Whether `batch` may be written on the Trio thread, whatever else is ready to run:
-        it is the open one, the writer sleeps with nothing cut, and no slow write paused this."""
+        it is the open one, the writer sleeps with nothing cut, and slow writes in place
+        have not spent their budget."""
         return (
             self.in_place
             and batch is self._open
             and self._sleeping
             and not self._cut
             and not self._stopping
-            and time.monotonic() >= self._inline_paused_until
+            and self.slow_writes.allows(time.monotonic())
         )
 
     def flush(self, batch: Batch) -> None:
@@ -343,10 +329,10 @@ class Writer:
         being woken back are two thread hand-offs and a dozen futex calls, a good part of
         a lone save's round trip (a producer awaiting each store-ack: about 1.2x the rate).
         Otherwise (under load, or out of turn) the writer thread is woken, and batches
-        fill while it writes. A write here slower than `inline_write_limit` pauses this
-        for a hundred times as long (`inline_pause`), so a stalling disk holds up the
-        event loop once in a while, never on every save, and a single slow write on a
-        busy machine does not cost every lone save its fast path for long.
+        fill while it writes. Slow writes here are charged to a budget (`slow_writes`):
+        spent, it sends batches to the writer thread until it has refilled, so a stalling
+        disk holds up the event loop once in a while, never on every save, and the
+        hiccups of a busy machine's disk do not cost lone saves their fast path.
         """
         with self._lock:
             inline = (
@@ -365,10 +351,9 @@ class Writer:
             self._process(batch)
         finally:
             self._io.release()
-        took = time.monotonic() - started
-        pause = inline_pause(took, self.inline_write_limit, self.inline_pause_factor)
-        if pause:
-            self._inline_paused_until = started + took + pause
+        ended = time.monotonic()
+        took = ended - started
+        pause = self.slow_writes.charge(took, ended)
         if pause >= LOGGED_PAUSE:
             log.warning(
                 "store.slow_write",

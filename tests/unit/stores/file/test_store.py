@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 from stores import MessageEntity, StoreCorrupted, StoreError, StoreLocked, StoreStalled, StoreUnavailable
 from stores.file import FileStore, forked, layout
 from stores.file.records import HEADER_SIZE, Scan
+from stores.file.slow_writes import SlowWriteBudget
 from stores.file.writer import RWF_DSYNC
 from tests.unit.stores.file.test_forked import reaped, refuse_to_fork
 
@@ -157,8 +158,9 @@ async def test_a_slow_write_in_place_sends_later_saves_to_the_writer_thread(tmp_
         await store.save(message())
         writer = store._writer
         assert writer is not None
-        writer.inline_write_limit = 0.0  # every write counts as a stall of the disk,
-        writer.inline_pause_factor = 1e6  # one that pauses writes in place for long
+        # Every write counts as a slow one, and the first spends the whole budget: writes
+        # in place then pause for the longest.
+        writer.slow_writes = SlowWriteBudget(limit=0.0, share=1e-6, burst=1e-9)
         assert await lone_saves_waiting_on_the_writer_thread(store, 1) == 0, (
             "the first is still written in place"
         )
