@@ -36,6 +36,11 @@ _ID_LEN = struct.Struct("<H")
 _LEN = struct.Struct("<I")
 _PAYLOAD_LENGTH_AT = 7  # where a record header keeps the payload length
 _CHUNK_BYTES = 1 << 20
+# A snapshot is synced as it is written, every this many chunks of entries: on ext4
+# (data=ordered) the broker's synced writes otherwise queued behind the writeback of the
+# whole file at its one fsync (in-place writes of 13-22 ms at a 942,816-entry snapshot,
+# against at most 7 ms synced every 4).
+SYNC_EVERY_CHUNKS = 4
 TOPICS, REASONS, GROUPS = 0, 1, 2
 
 
@@ -108,13 +113,19 @@ def encode(snapshot: Snapshot) -> list[bytes]:
 
 
 def write_temporary(directory: Path, snapshot: Snapshot) -> int:
-    """Write and fsync the snapshot under its `.tmp` name (see `install`); bytes written."""
+    """Write and fsync the snapshot under its `.tmp` name (see `install`); bytes written.
+
+    Synced every SYNC_EVERY_CHUNKS chunks as it goes, so that its writeback comes in
+    small parts the broker's own synced writes need not wait behind."""
     final = layout.path_of(directory, layout.SNAPSHOT, snapshot.generation)
     temporary = final.with_name(final.name + ".tmp")
     chunks = [layout.file_head(layout.SNAPSHOT, snapshot.generation), *encode(snapshot)]
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        size = layout.write_all(fd, chunks, 0)
+        size = 0
+        for start in range(0, len(chunks), SYNC_EVERY_CHUNKS):
+            size += layout.write_all(fd, chunks[start : start + SYNC_EVERY_CHUNKS], size)
+            os.fdatasync(fd)
         os.fsync(fd)
     finally:
         os.close(fd)

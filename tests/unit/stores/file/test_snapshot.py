@@ -1,0 +1,37 @@
+"""Writing a snapshot file: synced in parts as it is written, and read back whole."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from stores.file import layout, snapshot
+from stores.file.index import ENTRY
+from stores.file.snapshot import SYNC_EVERY_CHUNKS, Snapshot
+
+
+def test_a_large_snapshot_is_synced_in_parts_as_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 100,000 entries fill several chunks of a MiB.
+    entries = {f"{i:032x}": i.to_bytes(ENTRY.size, "little") for i in range(100_000)}
+    taken = Snapshot(3, (1, layout.HEAD_SIZE), entries, [""], [""], [((), ())])
+    synced_at: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def recording_fdatasync(fd: int) -> None:
+        synced_at.append(os.fstat(fd).st_size)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", recording_fdatasync)
+    size = snapshot.write_temporary(tmp_path, taken)
+
+    chunks = len(snapshot.encode(taken)) + 1  # and the file head
+    assert len(synced_at) == -(-chunks // SYNC_EVERY_CHUNKS) > 2, "synced in parts, not once at the end"
+    assert synced_at == sorted(synced_at) and synced_at[-1] == size
+    assert synced_at[0] < size // 2, "the first part is synced long before the end"
+    snapshot.install(tmp_path, 3)
+    loaded = snapshot.load(layout.path_of(tmp_path, layout.SNAPSHOT, 3), 3, repair=False)
+    assert loaded.entries == entries
