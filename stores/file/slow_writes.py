@@ -6,12 +6,12 @@ charged to a budget that refills at `share` of the wall-clock time, up to `burst
 the budget is spent, batches go through the writer thread, until it has refilled. So slow
 writes hold up the loop for at most `burst` plus `share` of any stretch of time, plus the
 one write that overdrew it: the sporadic hiccups of a busy machine's disk (a 3 ms write
-every second or so) cost the fast path nothing, while a disk that has turned slow is
-written to in place about once in a hundred times its write time.
+every second or so) cost the fast path nothing, while a disk that has turned slow gets a
+write in place once every hundred times its write time (a 10 ms write, once a second).
 
 Before, every slow write paused writes in place for a hundred times as long: in a backlog
-of a million sends, 19 hiccups of 2-5 ms sent every batch of about 6 s of 27 through the
-writer thread, which moves about 15 % fewer sends a second.
+of a million sends, 19 hiccups of 2-5 ms sent the batches of about 6 s of its 27 through
+the writer thread, which moves about 15 % fewer sends a second.
 """
 
 from __future__ import annotations
