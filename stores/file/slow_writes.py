@@ -27,6 +27,8 @@ LONGEST_PAUSE = 30.0
 
 
 class SlowWriteBudget:
+    """One store's budget for slow writes in place; used on the Trio thread only."""
+
     __slots__ = ("_at", "_balance", "burst", "limit", "longest_pause", "share")
 
     def __init__(
