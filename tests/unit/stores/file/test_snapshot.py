@@ -10,6 +10,7 @@ import pytest
 from stores.file import layout, snapshot
 from stores.file.index import ENTRY
 from stores.file.snapshot import SYNC_EVERY_CHUNKS, Snapshot
+from tests.unit.stores.file.test_store import record_os_calls
 
 
 def test_a_large_snapshot_is_synced_in_parts_as_it_is_written(
@@ -18,14 +19,7 @@ def test_a_large_snapshot_is_synced_in_parts_as_it_is_written(
     # 100,000 entries fill several chunks of a MiB.
     entries = {f"{i:032x}": i.to_bytes(ENTRY.size, "little") for i in range(100_000)}
     taken = Snapshot(3, (1, layout.HEAD_SIZE), entries, [""], [""], [((), ())])
-    synced_at: list[int] = []
-    real_fdatasync = os.fdatasync
-
-    def recording_fdatasync(fd: int) -> None:
-        synced_at.append(os.fstat(fd).st_size)
-        real_fdatasync(fd)
-
-    monkeypatch.setattr(os, "fdatasync", recording_fdatasync)
+    synced_at = record_os_calls(monkeypatch, "fdatasync", lambda fd: os.fstat(fd).st_size, [])
     size = snapshot.write_temporary(tmp_path, taken)
 
     chunks = len(snapshot.encode(taken)) + 1  # and the file head

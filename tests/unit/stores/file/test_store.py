@@ -10,7 +10,7 @@ import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -24,6 +24,7 @@ from stores.file.writer import RWF_DSYNC
 from tests.unit.stores.file.test_forked import reaped, refuse_to_fork
 
 InstrumentT = TypeVar("InstrumentT", bound=trio.abc.Instrument)
+Seen = TypeVar("Seen")
 
 
 def message(body: bytes = b"x" * 1000, **fields: object) -> MessageEntity:
@@ -201,17 +202,23 @@ async def test_a_lone_save_is_durable_without_a_turn_of_the_event_loop(tmp_path:
             assert await yields_in(staged.durable) == 1, "one yield: to the task ready, then written"
 
 
+def record_os_calls(
+    monkeypatch: pytest.MonkeyPatch, name: str, describe: Callable[..., Seen], into: list[Seen]
+) -> list[Seen]:
+    """Append `describe(*args)` of every call of `os.<name>` from now on to `into`."""
+    real = getattr(os, name)
+
+    def recording(*args: Any) -> Any:
+        into.append(describe(*args))
+        return real(*args)
+
+    monkeypatch.setattr(os, name, recording)
+    return into
+
+
 def record_writing_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The name of the thread of every pwritev from now on."""
-    threads: list[str] = []
-    pwritev = os.pwritev
-
-    def recording_pwritev(fd: int, buffers: list[bytes], offset: int, flags: int = 0) -> int:
-        threads.append(threading.current_thread().name)
-        return pwritev(fd, buffers, offset, flags)
-
-    monkeypatch.setattr(os, "pwritev", recording_pwritev)
-    return threads
+    return record_os_calls(monkeypatch, "pwritev", lambda *args: threading.current_thread().name, [])
 
 
 async def test_a_save_beside_ready_tasks_is_written_in_place_once_they_ran(
@@ -357,21 +364,15 @@ async def test_a_durable_write_to_a_synced_file_syncs_itself_else_the_file_is_fd
     """One pwritev with RWF_DSYNC instead of a write and an fdatasync, but only where no
     earlier unsynced write would be left behind (RWF_DSYNC syncs just its own range)."""
     calls: list[tuple[str, str, int]] = []
-    pwritev, fdatasync = os.pwritev, os.fdatasync
 
     def suffix(fd: int) -> str:
         return Path(os.readlink(f"/proc/self/fd/{fd}")).suffix
 
-    def recording_pwritev(fd: int, buffers: list[bytes], offset: int, flags: int = 0) -> int:
-        calls.append(("write", suffix(fd), flags))
-        return pwritev(fd, buffers, offset, flags)
+    def write(fd: int, buffers: list[bytes], offset: int, flags: int = 0) -> tuple[str, str, int]:
+        return ("write", suffix(fd), flags)
 
-    def recording_fdatasync(fd: int) -> None:
-        calls.append(("fdatasync", suffix(fd), 0))
-        fdatasync(fd)
-
-    monkeypatch.setattr(os, "pwritev", recording_pwritev)
-    monkeypatch.setattr(os, "fdatasync", recording_fdatasync)
+    record_os_calls(monkeypatch, "pwritev", write, calls)
+    record_os_calls(monkeypatch, "fdatasync", lambda fd: ("fdatasync", suffix(fd), 0), calls)
     async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
         first, second, third, fourth = message(), message(), message(), message()
         pending = message(commit=False)
