@@ -1,7 +1,7 @@
 """Work done in a forked child process, beside the event loop instead of under its GIL.
 
-A snapshot encodes every entry of the index in Python: about half a second of CPU at a
-million messages. In a thread it holds the GIL nearly all that time, and the event loop,
+A snapshot encodes every entry of the index in Python: about a third of a second of CPU
+at a million messages. In a thread it holds the GIL nearly all that time, and the event loop,
 which lets the GIL go at each syscall, waits to get it back each time: in a micro-run the
 loop was held off for 0.45 s of the 0.52 s that a million-entry encode took, and a backlog's
 sends slowed down at every snapshot. A child forked at the cut runs on a core of its own,

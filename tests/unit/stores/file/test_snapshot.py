@@ -1,8 +1,9 @@
-"""Writing a snapshot file: synced in parts as it is written, and read back whole."""
+"""Writing a snapshot file: streamed and synced in parts as it is written, and read back whole."""
 
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -13,18 +14,24 @@ from stores.file.snapshot import SYNC_EVERY_CHUNKS, Snapshot
 from tests.unit.stores.file.test_store import record_os_calls
 
 
-def test_a_large_snapshot_is_synced_in_parts_as_it_is_written(
+def test_a_large_snapshot_is_streamed_and_synced_in_parts_as_it_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # 100,000 entries fill several chunks of a MiB.
-    entries = {f"{i:032x}": i.to_bytes(ENTRY.size, "little") for i in range(100_000)}
+    # 200,000 entries fill 15 chunks of a MiB.
+    entries = {f"{i:032x}": i.to_bytes(ENTRY.size, "little") for i in range(200_000)}
     taken = Snapshot(3, (1, layout.HEAD_SIZE), entries, [""], [""], [((), ())])
     synced_at = record_os_calls(monkeypatch, "fdatasync", lambda fd: os.fstat(fd).st_size, [])
-    size = snapshot.write_temporary(tmp_path, taken)
+    tracemalloc.start()
+    try:
+        size = snapshot.write_temporary(tmp_path, taken)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
 
-    chunks = len(snapshot.encode(taken)) + 1  # and the file head
-    assert len(synced_at) == -(-chunks // SYNC_EVERY_CHUNKS) > 2, "synced in parts, not once at the end"
-    assert synced_at == sorted(synced_at) and synced_at[-1] == size
+    assert peak < size // 3, f"held {peak} bytes at once for a {size}-byte file: streamed, not built whole"
+    records = sum(1 for _ in snapshot.encode(taken))
+    assert len(synced_at) == records // SYNC_EVERY_CHUNKS > 2, "synced in parts, not once at the end"
+    assert synced_at == sorted(synced_at) and synced_at[-1] <= size
     assert synced_at[0] < size // 2, "the first part is synced long before the end"
     snapshot.install(tmp_path, 3)
     loaded = snapshot.load(layout.path_of(tmp_path, layout.SNAPSHOT, 3), 3, repair=False)
