@@ -9,6 +9,7 @@ distinct sequence numbers until it has them all. Each reports JSON on stdout.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import struct
@@ -85,17 +86,35 @@ class Sends:
         return len(self.confirmed) >= self.count
 
     def report(self) -> dict[str, object]:
-        """Confirmed sends per second, over the whole run and its first and last tenth."""
+        """Confirmed sends per second, over the whole run and over each tenth of it."""
         done = self.confirmed
-        tenth = max(1, len(done) // 10)
+        tenths = self.tenth_rates()
         return {
             "complete": self.done,
             "confirmed": len(done),
             "refused": self.refused,
             "rate": _rate(len(done), done[-1] - self.started if done else 0.0),
-            "first_tenth_rate": _rate(tenth, done[tenth - 1] - self.started if done else 0.0),
-            "last_tenth_rate": _rate(tenth, done[-1] - done[-tenth - 1] if len(done) > tenth else 0.0),
+            "first_tenth_rate": tenths[0],
+            "last_tenth_rate": tenths[-1],
+            "tenth_rates": tenths,
         }
+
+    def tenth_rates(self) -> list[float]:
+        """The rate over each tenth of the confirmations, in order: whether a rate that
+        falls does so steadily or in a dip shows here. Tenth k holds confirmations
+        k*n//10 up to (k+1)*n//10 and runs from the end of the one before (the first from
+        the start); an empty one (fewer than ten confirmations) has rate 0."""
+        done = self.confirmed
+        edges = [k * len(done) // 10 for k in range(11)]
+        rates = []
+        previous = self.started
+        for first, after in itertools.pairwise(edges):
+            if after == first:
+                rates.append(0.0)
+                continue
+            rates.append(_rate(after - first, done[after - 1] - previous))
+            previous = done[after - 1]
+        return rates
 
 
 class Tally:
