@@ -36,7 +36,8 @@ _ID_LEN = struct.Struct("<H")
 _LEN = struct.Struct("<I")
 _PAYLOAD_LENGTH_AT = 7  # where a record header keeps the payload length
 _CHUNK_BYTES = 1 << 20
-# A snapshot is synced as it is written, every this many chunks of entries: on ext4
+# A snapshot is synced as it is written, every this many records (its entries come in
+# records of _CHUNK_BYTES, so about every 4 MiB): on ext4
 # (data=ordered) the broker's synced writes otherwise queued behind the writeback of the
 # whole file at its one fsync (in-place writes of 13-22 ms at a 942,816-entry snapshot,
 # against at most 7 ms synced every 4).
