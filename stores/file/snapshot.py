@@ -41,7 +41,7 @@ _CHUNK_BYTES = 1 << 20
 # (data=ordered) the broker's synced writes otherwise queued behind the writeback of the
 # whole file at its one fsync (in-place writes of 13-22 ms at a 942,816-entry snapshot,
 # against at most 7 ms synced every 4).
-SYNC_EVERY_CHUNKS = 4
+SYNC_EVERY_RECORDS = 4
 TOPICS, REASONS, GROUPS = 0, 1, 2
 
 
@@ -119,7 +119,7 @@ def encode(snapshot: Snapshot) -> Iterator[bytes]:
 def write_temporary(directory: Path, snapshot: Snapshot) -> int:
     """Write and fsync the snapshot under its `.tmp` name (see `install`); bytes written.
 
-    Written as it is encoded, and synced every SYNC_EVERY_CHUNKS records, so that its
+    Written as it is encoded, and synced every SYNC_EVERY_RECORDS records, so that its
     writeback comes in small parts the broker's own synced writes need not wait behind."""
     final = layout.path_of(directory, layout.SNAPSHOT, snapshot.generation)
     temporary = final.with_name(final.name + ".tmp")
@@ -128,7 +128,7 @@ def write_temporary(directory: Path, snapshot: Snapshot) -> int:
         size = layout.write_all(fd, [layout.file_head(layout.SNAPSHOT, snapshot.generation)], 0)
         for written, record in enumerate(encode(snapshot), 1):
             size += layout.write_all(fd, [record], size)
-            if written % SYNC_EVERY_CHUNKS == 0:
+            if written % SYNC_EVERY_RECORDS == 0:
                 os.fdatasync(fd)
         os.fsync(fd)
     finally:

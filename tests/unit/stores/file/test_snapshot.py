@@ -10,7 +10,7 @@ import pytest
 
 from stores.file import layout, snapshot
 from stores.file.index import ENTRY
-from stores.file.snapshot import SYNC_EVERY_CHUNKS, Snapshot
+from stores.file.snapshot import SYNC_EVERY_RECORDS, Snapshot
 from tests.unit.stores.file.test_store import record_os_calls
 
 
@@ -30,7 +30,7 @@ def test_a_large_snapshot_is_streamed_and_synced_in_parts_as_it_is_written(
 
     assert peak < size // 3, f"held {peak} bytes at once for a {size}-byte file: streamed, not built whole"
     records = sum(1 for _ in snapshot.encode(taken))
-    assert len(synced_at) == records // SYNC_EVERY_CHUNKS > 2, "synced in parts, not once at the end"
+    assert len(synced_at) == records // SYNC_EVERY_RECORDS > 2, "synced in parts, not once at the end"
     assert synced_at == sorted(synced_at) and synced_at[-1] <= size
     assert synced_at[0] < size // 2, "the first part is synced long before the end"
     snapshot.install(tmp_path, 3)
