@@ -59,6 +59,7 @@ COMPILED = [
     "stores/file/store.py",
     "stores/file/writer.py",
     "stores/file/segment.py",
+    "stores/file/summary.py",
     "stores/file/layout.py",
     "kiteq/client/connection.py",
 ]

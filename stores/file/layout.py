@@ -4,8 +4,10 @@
     0000000001.seg        data segments: MESSAGE records, appended, never rewritten
     0000000001.log        operation log of one generation: state changes since its snapshot
     0000000002.snap       the index as it was when generation 2 began (written by compaction)
-    *.tmp                 a snapshot being written, or a replaced log or snapshot being
-                          deleted (`remove`); left over only by a crash, then deleted
+    0000000001.sum        the summary of sealed segment 1: each record's place and head
+    *.tmp                 a snapshot or summary being written, or a replaced log or
+                          snapshot being deleted (`remove`); left over only by a crash,
+                          then deleted
 
 Every file starts with a FILE_HEAD record naming its kind and number, so a file
 that was renamed or copied into the wrong place is refused, not misread.
@@ -17,6 +19,7 @@ import os
 import re
 import struct
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,15 +31,18 @@ LOCK_NAME = "LOCK"
 SEGMENT = "seg"
 LOG = "log"
 SNAPSHOT = "snap"
+SUMMARY = "sum"
 _HEAD = struct.Struct("<4sIH")
-_KIND_TAGS = {SEGMENT: b"SEG ", LOG: b"LOG ", SNAPSHOT: b"SNAP"}
-_NAME = re.compile(r"^(\d{10})\.(seg|log|snap)$")
+_KIND_TAGS = {SEGMENT: b"SEG ", LOG: b"LOG ", SNAPSHOT: b"SNAP", SUMMARY: b"SUM "}
+_NAME = re.compile(r"^(\d{10})\.(seg|log|snap|sum)$")
 IOV_MAX = os.sysconf("SC_IOV_MAX")
 # Freeing a big file's blocks in one go takes as long as there are blocks (ext4 mounted
 # with `discard`: 124 ms for the last close of a 64 MiB segment here, 85 ms to unlink
 # one), and every synced write of the store waits behind it. `remove` and `release`
 # free a file this much at a time, so such a write waits for one step at most.
 REMOVE_STEP = 1 << 20
+# Files written whole (snapshots, summaries) are synced every this many records as they go.
+SYNC_EVERY_RECORDS = 4
 
 
 def path_of(directory: Path, kind: str, number: int) -> Path:
@@ -74,12 +80,18 @@ class Listing:
     segments: list[int] = field(default_factory=list)
     logs: list[int] = field(default_factory=list)
     snapshots: list[int] = field(default_factory=list)
+    summaries: list[int] = field(default_factory=list)
     temporary: list[Path] = field(default_factory=list)
 
 
 def list_files(directory: Path) -> Listing:
     listing = Listing()
-    lists = {SEGMENT: listing.segments, LOG: listing.logs, SNAPSHOT: listing.snapshots}
+    lists = {
+        SEGMENT: listing.segments,
+        LOG: listing.logs,
+        SNAPSHOT: listing.snapshots,
+        SUMMARY: listing.summaries,
+    }
     for entry in os.scandir(directory):
         if entry.name.endswith(".tmp"):
             listing.temporary.append(Path(entry.path))
@@ -139,6 +151,28 @@ def _shrink(fd: int) -> None:
     while size > REMOVE_STEP:
         size -= REMOVE_STEP
         os.ftruncate(fd, size)
+
+
+def write_temporary(final: Path, kind: str, number: int, body: Iterable[bytes]) -> int:
+    """Write a file of `kind` under `final`'s `.tmp` name, its FILE_HEAD then each record of
+    `body` as it comes, and fsync it; bytes written. The caller renames it into place.
+
+    Synced every SYNC_EVERY_RECORDS records on the way: on ext4 (data=ordered) the broker's
+    synced writes otherwise queue behind the writeback of the whole file at its one fsync
+    (in-place writes of 13-22 ms behind a 942,816-entry snapshot, against at most 7 ms
+    synced every 4 records of a MiB)."""
+    temporary = final.with_name(final.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        size = write_all(fd, [file_head(kind, number)], 0)
+        for written, record in enumerate(body, 1):
+            size += write_all(fd, [record], size)
+            if written % SYNC_EVERY_RECORDS == 0:
+                os.fdatasync(fd)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return size
 
 
 def fsync_dir(directory: Path) -> None:

@@ -150,6 +150,12 @@ def flags_of(payload: bytes) -> int:
     return payload[_FLAGS_AT]
 
 
+def head_length(data: bytes, start: int) -> int:
+    """Bytes of the MESSAGE payload at `start` before its body: what a segment summary keeps."""
+    lengths: tuple[int, ...] = HEAD.unpack_from(data, start)[8:]
+    return HEAD.size + sum(lengths)
+
+
 def decode_head(data: bytes, start: int) -> Head:
     """The index's view of a MESSAGE payload at `start` (recovery's hot path: no body, no properties)."""
     fields = HEAD.unpack_from(data, start)

@@ -47,6 +47,8 @@ class RecordType(enum.IntEnum):
     SNAPSHOT_ENTRIES = 12
     SNAPSHOT_END = 13
     CANCEL = 14
+    SUMMARY_ENTRIES = 15
+    SUMMARY_END = 16
 
 
 _KNOWN_TYPES = frozenset(RecordType)

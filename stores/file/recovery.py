@@ -7,6 +7,11 @@ snapshot's generation and later are replayed, each op applying only to the
 record it names. Entries whose segment is gone are dropped, and segments no
 entry lives in any more are deleted.
 
+A sealed segment is read through its summary when it has a usable one (summary.py):
+its records' heads, without their bodies. When the last segment is read from its
+first record (no snapshot's mark inside it), that rebuilds the summary the writer
+goes on with; otherwise no summary is written for it, and a later recovery reads it.
+
 Damage: a bad record with no good record after it, in the *last* segment or the
 *last* log, is a torn write: the file is truncated there (logged). Anything else
 — damage followed by good records, or a torn tail in a file that was sealed —
@@ -31,11 +36,13 @@ import structlog
 from stores.errors import StoreCorrupted
 from stores.file import layout, records
 from stores.file import snapshot as snapshots
+from stores.file import summary as summaries
 from stores.file.index import ENTRY, Index, unpack
-from stores.file.messages import decode_head
+from stores.file.messages import decode_head, head_length
 from stores.file.ops import decode_op
 from stores.file.records import RecordType
 from stores.file.segment import Segment
+from stores.file.summary import Summary
 
 log = structlog.get_logger(__name__)
 
@@ -89,14 +96,27 @@ class _Recovery:
         if not self.read_only:
             self._delete_stale(listing, snapshot_generation)
         segments = listing.segments
+        summarized = set(listing.summaries)
         wanted = [number for number in segments if number >= scan_from[0]]
-        for i, number in enumerate(wanted):
-            if i + 1 < len(wanted):
-                _prefetch(layout.path_of(self.directory, layout.SEGMENT, wanted[i + 1]))
+        unsummarized = [n for n in wanted if n == segments[-1] or n not in summarized]
+        current_summary: Summary | None = None
+        for number in wanted:
             start = scan_from[1] if number == scan_from[0] else layout.HEAD_SIZE
-            self._read_file(
-                layout.SEGMENT, number, start, number == segments[-1], self._message_reader(number)
-            )
+            if number in summarized and number != segments[-1] and self._read_summary(number, start):
+                continue
+            following = next((n for n in unsummarized if n > number), None)
+            if following is not None:
+                _prefetch(layout.path_of(self.directory, layout.SEGMENT, following))
+            last = number == segments[-1]
+            if last and start == layout.HEAD_SIZE:
+                # Read whole: the summary the writer goes on with (else it writes none for it).
+                current_summary = Summary()
+                if not self._read_file(
+                    layout.SEGMENT, number, start, last, self._message_reader(number, current_summary)
+                ):
+                    current_summary = None
+            else:
+                self._read_file(layout.SEGMENT, number, start, last, self._message_reader(number, None))
         logs = [generation for generation in listing.logs if generation >= snapshot_generation]
         for generation in logs:
             self._read_file(layout.LOG, generation, layout.HEAD_SIZE, generation == logs[-1], self._replay)
@@ -104,6 +124,8 @@ class _Recovery:
         dropped = self._drop_unreachable(set(segments))
         opened = self._open_segments(segments)
         current = opened[max(opened)] if opened else self._new_segment(high_water[0] + 1)
+        if opened:
+            current.summary = current_summary if current.number in wanted else None
         reclaimed = self._reclaim(opened, current)
         log_generation = max(logs[-1] if logs else 1, snapshot_generation)
         log_fd, log_size = self._open_log(log_generation, bool(logs) and logs[-1] == log_generation)
@@ -137,7 +159,10 @@ class _Recovery:
 
     # -- files ------------------------------------------------------------------------------
 
-    def _read_file(self, kind: str, number: int, start: int, last: bool, on_record: OnRecord) -> None:
+    def _read_file(self, kind: str, number: int, start: int, last: bool, on_record: OnRecord) -> bool:
+        """Read every record from `start` on; False if damage was skipped (with repair): what
+        was read is then not all the file holds."""
+        repaired = len(self.repaired)
         path = layout.path_of(self.directory, kind, number)
         data = path.read_bytes()
         if start > len(data) and start > layout.HEAD_SIZE:
@@ -153,7 +178,7 @@ class _Recovery:
                 self._torn(path, 0, len(data), "the file was cut short while being created")
                 if not self.read_only:
                     _reset(path, kind, number)
-                return
+                return True
             self._damaged(path, 0, problem)
             start = layout.HEAD_SIZE
         scan = records.Scan(data, start, skip_damage=self.repair)
@@ -172,6 +197,7 @@ class _Recovery:
                 self._damaged(path, damage.offset, f"{damage.reason} at the end of a sealed file")
             else:
                 self._damaged(path, damage.offset, f"{damage.reason}; good records follow at {damage.resume}")
+        return len(self.repaired) == repaired
 
     def _torn(self, path: Path, offset: int, size: int, reason: str) -> None:
         self.truncated.append(f"{path.name}@{offset}")
@@ -195,19 +221,52 @@ class _Recovery:
 
     # -- records ----------------------------------------------------------------------------
 
-    def _message_reader(self, number: int) -> OnRecord:
-        entries, entry_for = self.index.entries, self.index.entry_for
-        trusted_below = self.trusted_below or (0, 0)
+    def _message_reader(self, number: int, summary: Summary | None) -> OnRecord:
+        """Index each record of segment `number`; add it to `summary` too, if given."""
+        index_record = self._indexer(number)
 
         def read(data: bytes, offset: int, rtype: int, start: int, end: int) -> None:
             if rtype != RecordType.MESSAGE:
                 raise ValueError(f"a {_type_name(rtype)} record does not belong in a data segment")
-            head = decode_head(data, start)
-            if (number, offset) < trusted_below and head.message_id in entries:
-                return  # the snapshot's entry has this record's later state
-            entries[head.message_id] = entry_for(head, number, offset, end - offset)
+            if summary is not None:
+                summary.add(offset, end - offset, data[start : start + head_length(data, start)])
+            index_record(data, start, offset, end - offset)
 
         return read
+
+    def _indexer(self, number: int) -> Callable[[bytes, int, int, int], None]:
+        """Index one MESSAGE record of segment `number`, given its payload's head, place and length."""
+        entries, entry_for = self.index.entries, self.index.entry_for
+        trusted_below = self.trusted_below or (0, 0)
+
+        def index_record(data: bytes, head_start: int, offset: int, length: int) -> None:
+            head = decode_head(data, head_start)
+            if (number, offset) < trusted_below and head.message_id in entries:
+                return  # the snapshot's entry has this record's later state
+            entries[head.message_id] = entry_for(head, number, offset, length)
+
+        return index_record
+
+    def _read_summary(self, number: int, start: int) -> bool:
+        """Index sealed segment `number` from its summary; False (and logged) if it cannot be used,
+        for the segment to be read instead."""
+        try:
+            size = layout.path_of(self.directory, layout.SEGMENT, number).stat().st_size
+            found = summaries.read(self.directory, number, size)
+            if isinstance(found, str):
+                raise ValueError(found)
+            index_record = self._indexer(number)
+            for offset, length, data, head_start in found:
+                if offset >= start:
+                    index_record(data, head_start, offset, length)
+                    self.records += 1
+        except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
+            # Entries it indexed already are indexed again, the same, from the segment.
+            self.log.warning(
+                "store.summary_unused", segment=number, reason=str(exc), detail="the segment is read instead"
+            )
+            return False
+        return True
 
     def _replay(self, data: bytes, offset: int, rtype: int, start: int, end: int) -> None:
         self.index.apply(decode_op(rtype, data, start, end), check_location=True)
@@ -247,6 +306,11 @@ class _Recovery:
             layout.path_of(self.directory, layout.LOG, g) for g in listing.logs if g < snapshot_generation
         ]
         stale += [layout.path_of(self.directory, layout.SNAPSHOT, g) for g in listing.snapshots[:-1]]
+        # A summary is only for a sealed segment: not for one that is gone, nor for the last.
+        sealed = set(listing.segments[:-1])
+        stale += [
+            layout.path_of(self.directory, layout.SUMMARY, n) for n in listing.summaries if n not in sealed
+        ]
         for path in stale:
             self.log.info("store.stale_file_deleted", file=str(path))
             path.unlink(missing_ok=True)
@@ -283,6 +347,7 @@ class _Recovery:
         opened = {}
         for number in numbers:
             segment = Segment(number, layout.path_of(self.directory, layout.SEGMENT, number))
+            segment.summary = None  # sealed, or read whole above (`run` gives the last its own)
             segment.open(writable=not self.read_only)
             opened[number] = segment
         return opened
@@ -297,6 +362,7 @@ class _Recovery:
         empty = [s for n, s in segments.items() if s is not current and not self.index.segment_live.get(n)]
         for segment in empty:
             segment.close()
+            layout.path_of(self.directory, layout.SUMMARY, segment.number).unlink(missing_ok=True)
             segment.path.unlink()
             del segments[segment.number]
         if empty:

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from stores.errors import StoreCorrupted
 from stores.file import layout, records
+from stores.file.summary import Summary
 
 
 class Segment:
-    __slots__ = ("fd", "number", "path", "readers", "retired")
+    __slots__ = ("fd", "number", "path", "readers", "retired", "summary")
 
     def __init__(self, number: int, path: Path, fd: int | None = None) -> None:
         self.number = number
@@ -25,6 +26,9 @@ class Segment:
         self.fd = fd
         self.readers = 0
         self.retired = False
+        # Its records so far, for the summary written once it is sealed; None when not all
+        # of them are known (a segment recovery did not read whole), so none is written.
+        self.summary: Summary | None = Summary()
 
     def create(self) -> None:
         """Create the file with its header (writer thread)."""

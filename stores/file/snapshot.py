@@ -36,12 +36,6 @@ _ID_LEN = struct.Struct("<H")
 _LEN = struct.Struct("<I")
 _PAYLOAD_LENGTH_AT = 7  # where a record header keeps the payload length
 _CHUNK_BYTES = 1 << 20
-# A snapshot is synced as it is written, every this many records (its entries come in
-# records of _CHUNK_BYTES, so about every 4 MiB): on ext4
-# (data=ordered) the broker's synced writes otherwise queued behind the writeback of the
-# whole file at its one fsync (in-place writes of 13-22 ms at a 942,816-entry snapshot,
-# against at most 7 ms synced every 4).
-SYNC_EVERY_RECORDS = 4
 TOPICS, REASONS, GROUPS = 0, 1, 2
 
 
@@ -119,21 +113,10 @@ def encode(snapshot: Snapshot) -> Iterator[bytes]:
 def write_temporary(directory: Path, snapshot: Snapshot) -> int:
     """Write and fsync the snapshot under its `.tmp` name (see `install`); bytes written.
 
-    Written as it is encoded, and synced every SYNC_EVERY_RECORDS records, so that its
-    writeback comes in small parts the broker's own synced writes need not wait behind."""
+    Written as it is encoded (`layout.write_temporary`), so that its writeback comes in
+    small parts the broker's own synced writes need not wait behind."""
     final = layout.path_of(directory, layout.SNAPSHOT, snapshot.generation)
-    temporary = final.with_name(final.name + ".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        size = layout.write_all(fd, [layout.file_head(layout.SNAPSHOT, snapshot.generation)], 0)
-        for written, record in enumerate(encode(snapshot), 1):
-            size += layout.write_all(fd, [record], size)
-            if written % SYNC_EVERY_RECORDS == 0:
-                os.fdatasync(fd)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return size
+    return layout.write_temporary(final, layout.SNAPSHOT, snapshot.generation, encode(snapshot))
 
 
 def install(directory: Path, generation: int) -> None:

@@ -29,9 +29,9 @@ segment or log is truncated; damage anywhere else stops the store with
 StoreCorrupted unless `repair=true`.
 
 Space: a data segment in which no message is live or dead any more (all finished,
-rolled back or purged) is deleted once the ops that emptied it are on disk; the
-log is compacted into a snapshot when it outgrows both `compact_bytes` and the
-index's size. Only one process may open a directory (LOCK, flock).
+rolled back or purged) is deleted once the ops that emptied it are on disk, with
+its summary; the log is compacted into a snapshot when it outgrows both
+`compact_bytes` and the index's size. Only one process may open a directory (LOCK, flock).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from stores.file import forked, layout, records
 from stores.file.cache import PayloadCache
 from stores.file.index import Index, location, same_record, unpack
 from stores.file.lock import DirectoryLock
-from stores.file.messages import decode_message, encode_message, flags_of
+from stores.file.messages import decode_message, encode_message, flags_of, head_length
 from stores.file.ops import Op, encode_op
 from stores.file.options import FileStoreOptions, parse_uri
 from stores.file.records import RecordType
@@ -80,9 +80,6 @@ REMOVALS = frozenset({RecordType.ROLLBACK, RecordType.FINISH, RecordType.PURGE, 
 DECODE_BURST = 64
 # Log bytes per live entry a snapshot costs about (id, packed entry, framing).
 SNAPSHOT_BYTES_PER_ENTRY = 96
-# A snapshot is also taken once this many segments (or index sizes) of data were written
-# since the last one: crash recovery then reads at most about that much data.
-DATA_PER_SNAPSHOT = 4
 
 
 class FileStore(MessageStore):
@@ -231,7 +228,8 @@ class FileStore(MessageStore):
         payload = encode_message(entity)
         record = records.encode(RecordType.MESSAGE, payload)
         prepared = self._index.prepare(entity, flags_of(payload))
-        segment, offset, batch = writer.append_message(record, durable=True)
+        head = payload[: head_length(payload, 0)]
+        segment, offset, batch = writer.append_message(record, head, durable=True)
         if segment.number not in self._segments:
             self._rotated(segment)
         self._index.add(message_id, segment.number, offset, len(record), entity, prepared)
@@ -547,17 +545,18 @@ class FileStore(MessageStore):
         self._maybe_compact()
 
     def _maybe_compact(self) -> None:
-        """Snapshot when the log outgrows the index, or when recovery would read much data past the last one."""
+        """Snapshot when the log outgrows the index.
+
+        Not for data: recovery reads a sealed segment's summary, not the segment, so data
+        written since the last snapshot costs it about what a snapshot of it would. A
+        backlog (saves, nothing finished) then takes no snapshot at all, where one every
+        few segments encoded the whole index, a cost that grew with the backlog."""
         writer = self._writer
         if writer is None or writer.failure is not None or self._compaction_pending or self._state != "open":
             return
         index_bytes = len(self._index) * SNAPSHOT_BYTES_PER_ENTRY
-        log_due = writer.log_size >= max(self.options.compact_bytes, index_bytes)
-        data_due = self._data_since_snapshot(writer) >= DATA_PER_SNAPSHOT * max(
-            self.options.segment_bytes, index_bytes
-        )
-        if log_due or data_due:
-            self._snapshot(writer, "log" if log_due else "data")
+        if writer.log_size >= max(self.options.compact_bytes, index_bytes):
+            self._snapshot(writer, "log")
 
     def _data_since_snapshot(self, writer: Writer) -> int:
         """About how many data bytes recovery reads past the last snapshot's mark."""

@@ -28,6 +28,8 @@ class FileReport:
     records: int
     problems: list[str] = field(default_factory=list)
     torn_tail: str = ""
+    # A summary: damage to it costs a restart time (the segment is read instead), not data.
+    redundant: bool = False
 
 
 @dataclass
@@ -40,7 +42,7 @@ class Report:
     @property
     def damaged(self) -> bool:
         """Damage a plain restart would refuse (a torn tail is repaired at start, so it is not)."""
-        return bool(self.unreadable) or any(f.problems for f in self.files)
+        return bool(self.unreadable) or any(f.problems for f in self.files if not f.redundant)
 
 
 def verify(directory: Path) -> Report:
@@ -56,13 +58,14 @@ def verify(directory: Path) -> Report:
             (layout.SEGMENT, listing.segments),
             (layout.LOG, listing.logs),
             (layout.SNAPSHOT, listing.snapshots),
+            (layout.SUMMARY, listing.summaries),
         )
         for kind, numbers in kinds:
             for number in numbers:
-                last = number == numbers[-1] and kind != layout.SNAPSHOT
+                last = number == numbers[-1] and kind in (layout.SEGMENT, layout.LOG)
                 report.files.append(_check_file(directory, kind, number, last))
         report.files += [
-            FileReport(p.name, p.stat().st_size, 0, ["left over by an interrupted compaction"])
+            FileReport(p.name, p.stat().st_size, 0, ["left over by an interrupted write or removal"])
             for p in listing.temporary
         ]
         _check_messages(directory, report)
@@ -74,7 +77,7 @@ def verify(directory: Path) -> Report:
 def _check_file(directory: Path, kind: str, number: int, last: bool) -> FileReport:
     path = layout.path_of(directory, kind, number)
     data = path.read_bytes()
-    report = FileReport(path.name, len(data), 0)
+    report = FileReport(path.name, len(data), 0, redundant=kind == layout.SUMMARY)
     problem = layout.head_problem(data, kind, number)
     if problem:
         report.problems.append(f"offset 0: {problem}")

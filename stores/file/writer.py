@@ -47,6 +47,7 @@ import trio.testing
 from stores.errors import StoreStalled, StoreUnavailable
 from stores.file import layout
 from stores.file import snapshot as snapshots
+from stores.file import summary as summaries
 from stores.file.segment import Segment
 from stores.file.slow_writes import SlowWriteBudget
 
@@ -230,6 +231,7 @@ class Writer:
         # Not `_thread`: compiled, the attribute's C name would be `__thread`, a C keyword.
         self._worker = threading.Thread(target=self._run, name=f"kiteq-store-writer:{directory}", daemon=True)
         self._compactor: threading.Thread | None = None
+        self._summarizers: list[threading.Thread] = []
         self._watchdog = threading.Thread(
             target=self._watch, name=f"kiteq-store-watchdog:{directory}", daemon=True
         )
@@ -238,8 +240,9 @@ class Writer:
 
     # -- Trio side ------------------------------------------------------------------------
 
-    def append_message(self, record: bytes, *, durable: bool) -> tuple[Segment, int, Batch]:
-        """Reserve the next place in the data segments for `record`; the batch that writes it."""
+    def append_message(self, record: bytes, head: bytes, *, durable: bool) -> tuple[Segment, int, Batch]:
+        """Reserve the next place in the data segments for `record`, whose MESSAGE payload
+        starts with `head` (for the segment's summary); the batch that writes it."""
         with self._lock:
             if self.end + len(record) > self.segment_bytes and self.end > layout.HEAD_SIZE:
                 number = self.segment.number + 1
@@ -247,6 +250,8 @@ class Writer:
                 self.end = layout.HEAD_SIZE
             segment, offset = self.segment, self.end
             self.end += len(record)
+            if segment.summary is not None:
+                segment.summary.add(offset, len(record), head)
             batch = self._open
             data = batch.data
             if data and data[-1][0] is segment:
@@ -440,6 +445,8 @@ class Writer:
         self._watchdog.join()
         if self._compactor is not None:
             self._compactor.join()
+        for thread in self._summarizers:
+            thread.join()
         if self._log_fd is not None:
             os.close(self._log_fd)
             self._log_fd = None
@@ -585,10 +592,33 @@ class Writer:
         self.fsyncs += 1
 
     def _seal(self) -> None:
-        """A segment the writer leaves is fsynced in every mode: only the last may have a torn tail."""
-        if self._active is not None and self._data_dirty and self._active.fd is not None:
-            os.fdatasync(self._active.fd)
+        """A segment the writer leaves is fsynced in every mode: only the last may have a torn tail.
+        Then its summary is written, on a thread of its own (see summary.py)."""
+        sealed = self._active
+        if sealed is not None and self._data_dirty and sealed.fd is not None:
+            os.fdatasync(sealed.fd)
         self._data_dirty = False
+        if sealed is not None and sealed.summary is not None:
+            built, sealed.summary = sealed.summary, None
+            self._summarizers = [thread for thread in self._summarizers if thread.is_alive()]
+            thread = threading.Thread(
+                target=self._summarize,
+                args=(sealed.number, built),
+                name=f"kiteq-store-summary:{sealed.number}",
+                daemon=True,
+            )
+            self._summarizers.append(thread)
+            thread.start()
+
+    def _summarize(self, number: int, built: summaries.Summary) -> None:
+        """A summary thread: write segment `number`'s summary."""
+        try:
+            summaries.write(self.directory, number, built)
+        except FileNotFoundError:
+            pass  # the segment was reclaimed already: no summary is wanted
+        except OSError as exc:
+            # Recovery reads the segment instead: slower, nothing lost.
+            log.warning("store.summary_not_written", segment=number, error=str(exc))
 
     def _switch_log(self, generation: int) -> None:
         if self._log_fd is not None:
@@ -607,6 +637,7 @@ class Writer:
         if self.mode is not FsyncMode.NEVER and self._log_dirty:
             self._sync()
         for segment in segments:
+            layout.path_of(self.directory, layout.SUMMARY, segment.number).unlink(missing_ok=True)
             segment.path.unlink(missing_ok=True)
 
     def _compact(self, snapshot: snapshots.Snapshot) -> None:

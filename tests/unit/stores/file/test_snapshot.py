@@ -10,7 +10,8 @@ import pytest
 
 from stores.file import layout, snapshot
 from stores.file.index import ENTRY
-from stores.file.snapshot import SYNC_EVERY_RECORDS, Snapshot
+from stores.file.layout import SYNC_EVERY_RECORDS
+from stores.file.snapshot import Snapshot
 from tests.unit.stores.file.test_store import record_os_calls
 
 
