@@ -248,24 +248,27 @@ class _Recovery:
         return index_record
 
     def _read_summary(self, number: int, start: int) -> bool:
-        """Index sealed segment `number` from its summary; False (and logged) if it cannot be used,
-        for the segment to be read instead."""
+        """Index sealed segment `number` from its summary, from offset `start` on; False (and
+        logged) if it cannot be used, for the segment to be read instead."""
+        index_record = self._indexer(number)
+        indexed = 0
         try:
             size = layout.path_of(self.directory, layout.SEGMENT, number).stat().st_size
             found = summaries.read(self.directory, number, size)
-            if isinstance(found, str):
-                raise ValueError(found)
-            index_record = self._indexer(number)
-            for offset, length, data, head_start in found:
-                if offset >= start:
-                    index_record(data, head_start, offset, length)
-                    self.records += 1
+            if not isinstance(found, str):
+                for offset, length, data, head_start in found:
+                    if offset >= start:
+                        index_record(data, head_start, offset, length)
+                        indexed += 1
         except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
-            # Entries it indexed already are indexed again, the same, from the segment.
+            found = str(exc)
+        if isinstance(found, str):
+            # What it indexed already is indexed again, the same, from the segment.
             self.log.warning(
-                "store.summary_unused", segment=number, reason=str(exc), detail="the segment is read instead"
+                "store.summary_unused", segment=number, reason=found, detail="the segment is read instead"
             )
             return False
+        self.records += indexed
         return True
 
     def _replay(self, data: bytes, offset: int, rtype: int, start: int, end: int) -> None:
