@@ -107,6 +107,7 @@ async def test_a_summary_that_cannot_be_used_has_its_segment_read_instead(
     ] == [(2, True)]
     assert f"{2:010d}.seg" in read and f"{1:010d}.seg" not in read
     assert got.index.entries == expected.index.entries
+    assert got.records == expected.records == 30, "each record counted once"
 
 
 async def test_a_summary_of_a_segment_that_grew_since_is_not_used(
