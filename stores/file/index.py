@@ -32,7 +32,7 @@ from typing import Generic, NamedTuple, TypeVar
 from stores.base import Stage, stage_walk
 from stores.entity import MessageEntity
 from stores.errors import StoreError
-from stores.file.messages import COMMIT, DEAD, NO_GROUPS, SCHEDULED, Head, check_i32
+from stores.file.messages import COMMIT, DEAD, NO_GROUPS, SCHEDULED, Head, check_i32, decode_head
 from stores.file.ops import Op
 from stores.file.records import RecordType
 from stores.schedule import Schedule, ScheduledCounts
@@ -183,6 +183,41 @@ class Index:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def recover_record(
+        self,
+        data: bytes,
+        head_start: int,
+        segment: int,
+        offset: int,
+        length: int,
+        trusted_below: tuple[int, int],
+    ) -> None:
+        """Index a MESSAGE record read back by recovery, from its segment or the segment's
+        summary: its payload's head starts at `head_start` in `data`. Below `trusted_below`
+        (a damaged snapshot's mark), a snapshot's entry for the id has the record's later
+        state and is kept."""
+        head = decode_head(data, head_start)
+        entries = self.entries
+        if (segment, offset) < trusted_below and head.message_id in entries:
+            return
+        entries[head.message_id] = self.entry_for(head, segment, offset, length)
+
+    def recover_records(
+        self,
+        found: list[tuple[int, int, bytes, int]],
+        segment: int,
+        start: int,
+        trusted_below: tuple[int, int],
+    ) -> int:
+        """`recover_record` each (offset, length, data, head start) of a summary from offset
+        `start` on; how many."""
+        count = 0
+        for offset, length, data, head_start in found:
+            if offset >= start:
+                self.recover_record(data, head_start, segment, offset, length, trusted_below)
+                count += 1
+        return count
 
     def entry_for(self, head: Head, segment: int, offset: int, length: int) -> bytes:
         """The packed entry of a MESSAGE record read back by recovery."""

@@ -38,7 +38,7 @@ from stores.file import layout, records
 from stores.file import snapshot as snapshots
 from stores.file import summary as summaries
 from stores.file.index import ENTRY, Index, unpack
-from stores.file.messages import decode_head, head_length
+from stores.file.messages import head_length
 from stores.file.ops import decode_op
 from stores.file.records import RecordType
 from stores.file.segment import Segment
@@ -223,43 +223,27 @@ class _Recovery:
 
     def _message_reader(self, number: int, summary: Summary | None) -> OnRecord:
         """Index each record of segment `number`; add it to `summary` too, if given."""
-        index_record = self._indexer(number)
+        recover_record = self.index.recover_record
+        trusted_below = self.trusted_below or (0, 0)
 
         def read(data: bytes, offset: int, rtype: int, start: int, end: int) -> None:
             if rtype != RecordType.MESSAGE:
                 raise ValueError(f"a {_type_name(rtype)} record does not belong in a data segment")
             if summary is not None:
                 summary.add(offset, end - offset, data[start : start + head_length(data, start)])
-            index_record(data, start, offset, end - offset)
+            recover_record(data, start, number, offset, end - offset, trusted_below)
 
         return read
-
-    def _indexer(self, number: int) -> Callable[[bytes, int, int, int], None]:
-        """Index one MESSAGE record of segment `number`, given its payload's head, place and length."""
-        entries, entry_for = self.index.entries, self.index.entry_for
-        trusted_below = self.trusted_below or (0, 0)
-
-        def index_record(data: bytes, head_start: int, offset: int, length: int) -> None:
-            head = decode_head(data, head_start)
-            if (number, offset) < trusted_below and head.message_id in entries:
-                return  # the snapshot's entry has this record's later state
-            entries[head.message_id] = entry_for(head, number, offset, length)
-
-        return index_record
 
     def _read_summary(self, number: int, start: int) -> bool:
         """Index sealed segment `number` from its summary, from offset `start` on; False (and
         logged) if it cannot be used, for the segment to be read instead."""
-        index_record = self._indexer(number)
         indexed = 0
         try:
             size = layout.path_of(self.directory, layout.SEGMENT, number).stat().st_size
             found = summaries.read(self.directory, number, size)
             if not isinstance(found, str):
-                for offset, length, data, head_start in found:
-                    if offset >= start:
-                        index_record(data, head_start, offset, length)
-                        indexed += 1
+                indexed = self.index.recover_records(found, number, start, self.trusted_below or (0, 0))
         except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
             found = str(exc)
         if isinstance(found, str):
