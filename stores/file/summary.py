@@ -9,12 +9,12 @@ sealed segment's summary instead of the segment, so snapshots are needed only wh
 the log grows, and a segment costs the same whatever the backlog.
 
 The writer builds a segment's summary as records are appended to it (`Summary.add`,
-on the Trio thread: the record's place and its payload's head, about 144 bytes a
-message of the benchmarks), and writes it once the segment is sealed (`write`, on a thread of its
-own): to `N.sum.tmp`, synced, renamed to `N.sum`. Recovery trusts a summary only
-when it is whole and matches its segment's size (`read`); anything else (missing,
-torn, damaged) has the segment read instead. A summary is redundant: losing one
-costs time at the next start, never data.
+on the Trio thread: the record's place and its payload's head, about 144 bytes for a
+message of the benchmarks), and writes it once the segment is sealed (`write`, on a
+thread of its own): to `N.sum.tmp`, synced, renamed to `N.sum`. Recovery trusts a
+summary only when it is whole and matches its segment's size (`read`); anything else
+(missing, torn, damaged) has the segment read instead. A summary is redundant: losing
+one costs time at the next start, never data.
 
 Records after the FILE_HEAD: SUMMARY_ENTRIES chunks of (offset u32, length u32,
 head length u32, head), in the segment's order, then SUMMARY_END with the entry
