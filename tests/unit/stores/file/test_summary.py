@@ -13,6 +13,7 @@ from stores import StoreCorrupted
 from stores.file import FileStore, layout, summary
 from stores.file.records import HEADER_SIZE, RecordType, Scan
 from stores.file.recovery import Recovered, recover
+from stores.file.verify import verify
 from tests.unit.stores.file.test_store import message, names, uri
 
 SEGMENT_BYTES = 8192  # seven 1 KiB messages a segment
@@ -171,3 +172,14 @@ async def test_reclaimed_segments_leave_no_summary_behind(tmp_path: Path) -> Non
     segments = names(tmp_path, "*.seg")
     assert len(segments) <= 2
     assert set(names(tmp_path, "*.sum")) <= {name.replace(".seg", ".sum") for name in segments[:-1]}
+
+
+async def test_verify_reports_a_damaged_summary_without_calling_the_store_damaged(tmp_path: Path) -> None:
+    async with FileStore.from_uri(uri(tmp_path, segment_bytes=SEGMENT_BYTES)) as store:
+        await saved_in_segments(store, 30)
+    flip_a_byte(tmp_path / f"{1:010d}.sum")
+    report = await trio.to_thread.run_sync(verify, tmp_path)
+    assert [(f.name, f.problems[0].split(";")[0]) for f in report.files if f.problems] == [
+        (f"{1:010d}.sum", f"offset {layout.HEAD_SIZE}: CRC mismatch")
+    ]
+    assert not report.damaged and report.messages == 30, "a restart reads segment 1 instead"
