@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -94,12 +95,11 @@ def another_segments(path: Path) -> None:
     ],
 )
 async def test_a_summary_that_cannot_be_used_has_its_segment_read_instead(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spoil: object, reason: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spoil: Callable[[Path], None], reason: str
 ) -> None:
     async with FileStore.from_uri(uri(tmp_path, segment_bytes=SEGMENT_BYTES)) as store:
         await saved_in_segments(store, 30)
         expected, _ = recovered(tmp_path, monkeypatch)
-        assert callable(spoil)
         spoil(tmp_path / f"{2:010d}.sum")
         with capture_logs() as events:
             got, read = recovered(tmp_path, monkeypatch)
