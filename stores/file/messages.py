@@ -150,10 +150,10 @@ def flags_of(payload: bytes) -> int:
     return payload[_FLAGS_AT]
 
 
-def head_length(data: bytes, start: int) -> int:
-    """Bytes of the MESSAGE payload at `start` before its body: what a segment summary keeps."""
+def head_of(data: bytes, start: int) -> bytes:
+    """The MESSAGE payload at `start` up to its body: what a segment summary keeps of it."""
     lengths: tuple[int, ...] = HEAD.unpack_from(data, start)[8:]
-    return HEAD.size + sum(lengths)
+    return data[start : start + HEAD.size + sum(lengths)]
 
 
 def decode_head(data: bytes, start: int) -> Head:

@@ -38,7 +38,7 @@ from stores.file import layout, records
 from stores.file import snapshot as snapshots
 from stores.file import summary as summaries
 from stores.file.index import ENTRY, Index, unpack
-from stores.file.messages import head_length
+from stores.file.messages import head_of
 from stores.file.ops import decode_op
 from stores.file.records import RecordType
 from stores.file.segment import Segment
@@ -102,12 +102,12 @@ class _Recovery:
         current_summary: Summary | None = None
         for number in wanted:
             start = scan_from[1] if number == scan_from[0] else layout.HEAD_SIZE
-            if number in summarized and number != segments[-1] and self._read_summary(number, start):
+            last = number == segments[-1]
+            if number in summarized and not last and self._read_summary(number, start):
                 continue
             following = next((n for n in unsummarized if n > number), None)
             if following is not None:
                 _prefetch(layout.path_of(self.directory, layout.SEGMENT, following))
-            last = number == segments[-1]
             if last and start == layout.HEAD_SIZE:
                 # Read whole: the summary the writer goes on with (else it writes none for it).
                 current_summary = Summary()
@@ -125,7 +125,7 @@ class _Recovery:
         opened = self._open_segments(segments)
         current = opened[max(opened)] if opened else self._new_segment(high_water[0] + 1)
         if opened:
-            current.summary = current_summary if current.number in wanted else None
+            current.summary = current_summary  # set only when the last segment was read whole
         reclaimed = self._reclaim(opened, current)
         log_generation = max(logs[-1] if logs else 1, snapshot_generation)
         log_fd, log_size = self._open_log(log_generation, bool(logs) and logs[-1] == log_generation)
@@ -230,7 +230,7 @@ class _Recovery:
             if rtype != RecordType.MESSAGE:
                 raise ValueError(f"a {_type_name(rtype)} record does not belong in a data segment")
             if summary is not None:
-                summary.add(offset, end - offset, data[start : start + head_length(data, start)])
+                summary.add(offset, end - offset, head_of(data, start))
             recover_record(data, start, number, offset, end - offset, trusted_below)
 
         return read

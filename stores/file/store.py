@@ -51,7 +51,7 @@ from stores.file import forked, layout, records
 from stores.file.cache import PayloadCache
 from stores.file.index import Index, location, same_record, unpack
 from stores.file.lock import DirectoryLock
-from stores.file.messages import decode_message, encode_message, flags_of, head_length
+from stores.file.messages import decode_message, encode_message, flags_of, head_of
 from stores.file.ops import Op, encode_op
 from stores.file.options import FileStoreOptions, parse_uri
 from stores.file.records import RecordType
@@ -228,8 +228,7 @@ class FileStore(MessageStore):
         payload = encode_message(entity)
         record = records.encode(RecordType.MESSAGE, payload)
         prepared = self._index.prepare(entity, flags_of(payload))
-        head = payload[: head_length(payload, 0)]
-        segment, offset, batch = writer.append_message(record, head, durable=True)
+        segment, offset, batch = writer.append_message(record, head_of(payload, 0), durable=True)
         if segment.number not in self._segments:
             self._rotated(segment)
         self._index.add(message_id, segment.number, offset, len(record), entity, prepared)
