@@ -1,7 +1,8 @@
 """KiteQ-py side of versus_rabbitmq: the project's Producer or Consumer in a process of its own.
 
 `produce`: one task sends through a `Producer.pipeline` of `--window` sends in flight,
-each once it is due (paced) and the window has room, as the pika publisher does.
+each once it is due (paced, woken by an `Alarm`) and the window has room, as the pika
+publisher does.
 `consume`: one Consumer of the group whose persistent binding (watermark = `--window`)
 the benchmark registered; listeners run up to `--window` at once. Prints `ready` once
 connected (consume), then a JSON report.
@@ -13,6 +14,7 @@ from collections.abc import Callable
 
 import trio
 
+from benchmarks.clients.pacing import Alarm
 from benchmarks.clients.workload import (
     CONSUMER_GROUP,
     MESSAGE_TYPE,
@@ -50,14 +52,19 @@ async def send_paced(
             sends.refused += 1
             refused.append(message)
 
-    async with producer.pipeline(stored, window=window) as pipeline:
-        for index in range(sends.count):
-            while refused:
-                await pipeline.send(refused.pop())
-            delay = sends.delay(index)
-            if delay > 0:
-                await trio.sleep(delay)
-            await pipeline.send(message_of(index))
+    alarm = Alarm()
+    try:
+        async with producer.pipeline(stored, window=window) as pipeline:
+            for index in range(sends.count):
+                while refused:
+                    await pipeline.send(refused.pop())
+                if sends.delay(index) > 0:
+                    alarm.set(sends.due_at(index))
+                    await trio.lowlevel.wait_readable(alarm.fd)
+                    alarm.clear()
+                await pipeline.send(message_of(index))
+    finally:
+        alarm.close()
     while refused:  # refused among the last sends
         await trio.sleep(RESEND_PAUSE)
         async with producer.pipeline(stored, window=window) as pipeline:

@@ -2,10 +2,11 @@
 
 Both declare the durable classic queue. `produce`: persistent messages with publisher
 confirms, `--window` unconfirmed at most (one publish per confirm that frees a slot;
-a nacked message is republished, as a correct producer does). `consume`: manual acks,
-one per message, prefetch `--window`. Prints `ready` once consuming (consume), then a
-JSON report. pika's SelectConnection (callbacks on one thread): BlockingConnection
-waits for each confirm, so it cannot keep a window of them outstanding.
+a nacked message is republished, as a correct producer does), paced by an `Alarm`.
+`consume`: manual acks, one per message, prefetch `--window`. Prints `ready` once
+consuming (consume), then a JSON report. pika's SelectConnection (callbacks on one
+thread): BlockingConnection waits for each confirm, so it cannot keep a window of them
+outstanding.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import itertools
 
 import pika
+from pika.adapters.select_connection import PollEvents
 from pika.channel import Channel
 from pika.spec import Basic, BasicProperties
 
+from benchmarks.clients.pacing import Alarm
 from benchmarks.clients.workload import QUEUE, Sends, Tally, arguments, emit
 
 PERSISTENT = BasicProperties(delivery_mode=pika.DeliveryMode.Persistent)
@@ -70,12 +73,14 @@ class Publisher(Client):
         self.unconfirmed: dict[int, int] = {}  # delivery tag -> send index, in publish order
         self.tag = 0
         self.retries: list[int] = []
-        self.waiting = False  # a timer is set for the next due send
+        self.alarm = Alarm()
+        self.waiting = False  # the alarm is set for the next due send
 
     def ready(self, channel: Channel) -> None:
         channel.confirm_delivery(self._confirmed, callback=lambda _frame: self._begin())
 
     def _begin(self) -> None:
+        self.connection.ioloop.add_handler(self.alarm.fd, self._due, PollEvents.READ)
         self.sends.start()
         self._publish()
 
@@ -86,11 +91,10 @@ class Publisher(Client):
             if self.retries:
                 index = self.retries.pop()
             elif self.published < self.sends.count:
-                delay = self.sends.delay(self.published)
-                if delay > 0:
+                if self.sends.delay(self.published) > 0:
                     if not self.waiting:
                         self.waiting = True
-                        self.connection.ioloop.call_later(delay, self._due)
+                        self.alarm.set(self.sends.due_at(self.published))
                     return
                 index = self.published
                 self.published += 1
@@ -100,7 +104,8 @@ class Publisher(Client):
             self.tag += 1
             self.unconfirmed[self.tag] = index
 
-    def _due(self) -> None:
+    def _due(self, _fd: int, _events: int) -> None:
+        self.alarm.clear()
         self.waiting = False
         self._publish()
 

@@ -68,11 +68,15 @@ class Sends:
         self.started = time.perf_counter()
         self.wall_started = time.time()
 
+    def due_at(self, index: int) -> float:
+        """When send `index` is due, on time.perf_counter's clock (the start when unpaced)."""
+        if self.rate is None:
+            return self.started
+        return self.started + index / self.rate
+
     def delay(self, index: int) -> float:
         """Seconds until send `index` is due (never positive when unpaced)."""
-        if self.rate is None:
-            return 0.0
-        return self.started + index / self.rate - time.perf_counter()
+        return self.due_at(index) - time.perf_counter()
 
     def body(self, index: int) -> bytes:
         sent = time.time() if self.rate is None else self.wall_started + index / self.rate
