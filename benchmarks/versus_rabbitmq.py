@@ -228,6 +228,9 @@ LATENCY = {
     " p99": ("p99_ms", "ms"),
 }
 PACED = LATENCY | {" max": ("max_ms", "ms")}
+# What a phase's figures carry in their params from its clients' reports: sends resent,
+# deliveries received twice, and how late paced sends left (the producer's part of latency).
+REPORTED = ("refused", "duplicates", "late_p50_ms", "late_p99_ms")
 IDLE = "idle with backlog"
 
 # name -> (value, unit, the conditions it was measured under)
@@ -253,7 +256,7 @@ def _phases(side: Side, counts: Counts, figures: Figures) -> list[Callable[[], N
                     "waiting": round(usage.busiest_thread[1], 2),
                 },
             }
-            recorded |= {key: r[key] for r in reports for key in ("refused", "duplicates") if key in r}
+            recorded |= {key: r[key] for r in reports for key in REPORTED if key in r}
             for suffix, (key, unit) in read.items():
                 figures[name + suffix] = (reports[-1][key], unit, recorded)
             figures[f"{name}: broker CPU"] = (usage.cpu, "s", recorded)

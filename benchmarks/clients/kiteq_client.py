@@ -63,6 +63,7 @@ async def send_paced(
                     await trio.lowlevel.wait_readable(alarm.fd)
                     alarm.clear()
                 await pipeline.send(message_of(index))
+                sends.left(index)
     finally:
         alarm.close()
     while refused:  # refused among the last sends

@@ -88,7 +88,8 @@ class Publisher(Client):
         """Publish while the window has room and the next send is due; else wait for either."""
         assert self.channel is not None
         while len(self.unconfirmed) < self.window:
-            if self.retries:
+            resend = bool(self.retries)
+            if resend:
                 index = self.retries.pop()
             elif self.published < self.sends.count:
                 if self.sends.delay(self.published) > 0:
@@ -101,6 +102,8 @@ class Publisher(Client):
             else:
                 return
             self.channel.basic_publish("", QUEUE, self.sends.body(index), PERSISTENT)
+            if not resend:
+                self.sends.left(index)
             self.tag += 1
             self.unconfirmed[self.tag] = index
 

@@ -61,6 +61,7 @@ class Sends:
         self.first = first
         self.refused = 0  # sends the broker refused and the producer resent
         self.confirmed: list[float] = []
+        self.lateness: list[float] = []  # paced: how long after its due time each send left
         self.start()
 
     def start(self) -> None:
@@ -82,6 +83,12 @@ class Sends:
         sent = time.time() if self.rate is None else self.wall_started + index / self.rate
         return HEADER.pack(sent, self.first + index) + PADDING
 
+    def left(self, index: int) -> None:
+        """Send `index` was handed to the client library just now (paced sends only: an
+        unpaced one is due at once, whenever it leaves)."""
+        if self.rate is not None:
+            self.lateness.append(time.perf_counter() - self.due_at(index))
+
     def confirm(self, messages: int = 1) -> None:
         self.confirmed.extend([time.perf_counter()] * messages)
 
@@ -90,10 +97,12 @@ class Sends:
         return len(self.confirmed) >= self.count
 
     def report(self) -> dict[str, object]:
-        """Confirmed sends per second, over the whole run and over each tenth of it."""
+        """Confirmed sends per second, over the whole run and over each tenth of it; paced,
+        also how late the sends left (p50 and p99, ms): latency counts from the schedule,
+        so this says how much of it is the producer's own."""
         done = self.confirmed
         tenths = self.tenth_rates()
-        return {
+        report: dict[str, object] = {
             "complete": self.done,
             "confirmed": len(done),
             "refused": self.refused,
@@ -102,6 +111,11 @@ class Sends:
             "last_tenth_rate": tenths[-1],
             "tenth_rates": tenths,
         }
+        if self.lateness:
+            late = [seconds * 1000 for seconds in self.lateness]
+            report["late_p50_ms"] = percentile(late, 50)
+            report["late_p99_ms"] = percentile(late, 99)
+        return report
 
     def tenth_rates(self) -> list[float]:
         """The rate over each tenth of the confirmations, in order: whether a rate that

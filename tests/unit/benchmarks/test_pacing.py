@@ -61,3 +61,22 @@ def test_a_send_is_due_index_over_rate_after_the_start(
 ) -> None:
     sends = Sends(10, rate, 0)
     assert sends.due_at(index) - sends.started == pytest.approx(after_start)
+
+
+def test_a_paced_report_says_how_late_its_sends_left() -> None:
+    sends = Sends(3, 1000.0, 0)
+    sends.started = time.perf_counter() - 1.0  # sends due 1.000, 0.999 and 0.998 s ago
+    for index in range(3):
+        sends.left(index)
+    report = sends.report()
+    assert isinstance(report["late_p50_ms"], float)
+    assert isinstance(report["late_p99_ms"], float)
+    assert report["late_p50_ms"] >= 999.0
+    assert report["late_p99_ms"] >= 1000.0
+
+
+def test_an_unpaced_send_is_never_late() -> None:
+    sends = Sends(3, None, 0)
+    for index in range(3):
+        sends.left(index)
+    assert "late_p50_ms" not in sends.report()
