@@ -104,13 +104,19 @@ def list_files(directory: Path) -> Listing:
     return listing
 
 
+def temporary_of(path: Path) -> Path:
+    """The `.tmp` name `path` is written under, or renamed to on its way out: recovery
+    deletes any such file it finds."""
+    return path.with_name(path.name + ".tmp")
+
+
 def remove(path: Path) -> None:
     """Delete `path` (gone already is fine), freeing its blocks REMOVE_STEP at a time.
 
     It is first renamed to a `.tmp` name, so a crash part way leaves a leftover that
     recovery deletes, never a torn file under its own name.
     """
-    doomed = path.with_name(path.name + ".tmp")
+    doomed = temporary_of(path)
     try:
         os.rename(path, doomed)
     except FileNotFoundError:
@@ -161,7 +167,7 @@ def write_temporary(final: Path, kind: str, number: int, body: Iterable[bytes]) 
     synced writes otherwise queue behind the writeback of the whole file at its one fsync
     (in-place writes of 13-22 ms behind a 942,816-entry snapshot, against at most 7 ms
     synced every 4 records of a MiB)."""
-    temporary = final.with_name(final.name + ".tmp")
+    temporary = temporary_of(final)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         size = write_all(fd, [file_head(kind, number)], 0)

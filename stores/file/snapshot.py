@@ -126,7 +126,7 @@ def install(directory: Path, generation: int) -> None:
     older logs and snapshots.
     """
     final = layout.path_of(directory, layout.SNAPSHOT, generation)
-    os.rename(final.with_name(final.name + ".tmp"), final)
+    os.rename(layout.temporary_of(final), final)
     layout.fsync_dir(directory)
     listing = layout.list_files(directory)
     for kind, generations in ((layout.LOG, listing.logs), (layout.SNAPSHOT, listing.snapshots)):

@@ -72,7 +72,7 @@ def write(directory: Path, number: int, summary: Summary) -> Path:
     final = layout.path_of(directory, layout.SUMMARY, number)
     size = os.stat(layout.path_of(directory, layout.SEGMENT, number)).st_size
     layout.write_temporary(final, layout.SUMMARY, number, encode(summary, size))
-    os.rename(final.with_name(final.name + ".tmp"), final)
+    os.rename(layout.temporary_of(final), final)
     return final
 
 
