@@ -349,8 +349,7 @@ class _Recovery:
         empty = [s for n, s in segments.items() if s is not current and not self.index.segment_live.get(n)]
         for segment in empty:
             segment.close()
-            layout.path_of(self.directory, layout.SUMMARY, segment.number).unlink(missing_ok=True)
-            segment.path.unlink()
+            segment.unlink()
             del segments[segment.number]
         if empty:
             layout.fsync_dir(self.directory)

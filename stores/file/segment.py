@@ -40,6 +40,11 @@ class Segment:
         flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
         self.fd = os.open(self.path, flags)
 
+    def unlink(self, *, missing_ok: bool = False) -> None:
+        """Delete the file, and its summary first: a summary never outlives its segment."""
+        layout.path_of(self.path.parent, layout.SUMMARY, self.number).unlink(missing_ok=True)
+        self.path.unlink(missing_ok=missing_ok)
+
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)

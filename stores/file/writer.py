@@ -637,8 +637,7 @@ class Writer:
         if self.mode is not FsyncMode.NEVER and self._log_dirty:
             self._sync()
         for segment in segments:
-            layout.path_of(self.directory, layout.SUMMARY, segment.number).unlink(missing_ok=True)
-            segment.path.unlink(missing_ok=True)
+            segment.unlink(missing_ok=True)
 
     def _compact(self, snapshot: snapshots.Snapshot) -> None:
         """The compactor thread: once the cut is synced, the snapshot is written (by its child
