@@ -1,13 +1,14 @@
 """Names and headers of the files in a store directory.
 
     LOCK                  held with flock by the process that has the store open
-    0000000001.seg        data segments: MESSAGE records, appended, never rewritten
+    0000000001.seg        data segments: MESSAGE records, appended, never rewritten (one
+                          zero-filled ahead is written in place: preallocation.py)
     0000000001.log        operation log of one generation: state changes since its snapshot
     0000000002.snap       the index as it was when generation 2 began (written by compaction)
     0000000001.sum        the summary of sealed segment 1: each record's place and head
-    *.tmp                 a snapshot or summary being written, or a replaced log or
-                          snapshot being deleted (`remove`); left over only by a crash,
-                          then deleted
+    *.tmp                 a snapshot, summary or zero-filled segment being written, or a
+                          replaced log or snapshot being deleted (`remove`); left over
+                          only by a crash, then deleted
 
 Every file starts with a FILE_HEAD record naming its kind and number, so a file
 that was renamed or copied into the wrong place is refused, not misread.
@@ -27,6 +28,9 @@ from stores.file import records
 from stores.file.records import RecordType
 
 FORMAT_VERSION = 1
+# The format of a data segment zero-filled ahead (preallocation.py): version 1's records,
+# but its records end at the first all-zero byte, not where the file does.
+ZERO_FILLED_VERSION = 2
 LOCK_NAME = "LOCK"
 SEGMENT = "seg"
 LOG = "log"
@@ -49,9 +53,9 @@ def path_of(directory: Path, kind: str, number: int) -> Path:
     return directory / f"{number:010d}.{kind}"
 
 
-def file_head(kind: str, number: int) -> bytes:
+def file_head(kind: str, number: int, version: int = FORMAT_VERSION) -> bytes:
     """The FILE_HEAD record every file of `kind` number `number` starts with."""
-    return records.encode(RecordType.FILE_HEAD, _HEAD.pack(_KIND_TAGS[kind], number, FORMAT_VERSION))
+    return records.encode(RecordType.FILE_HEAD, _HEAD.pack(_KIND_TAGS[kind], number, version))
 
 
 HEAD_SIZE = len(file_head(SEGMENT, 0))
@@ -68,9 +72,15 @@ def head_problem(data: bytes, kind: str, number: int) -> str | None:
     tag, found_number, version = _HEAD.unpack_from(data, records.HEADER_SIZE)
     if tag != _KIND_TAGS[kind] or found_number != number:
         return f"file header says {tag.decode(errors='replace').strip()} {found_number}, expected {kind} {number}"
-    if version != FORMAT_VERSION:
+    if version != FORMAT_VERSION and not (kind == SEGMENT and version == ZERO_FILLED_VERSION):
         return f"format version {version} is not supported (this build reads version {FORMAT_VERSION})"
     return None
+
+
+def zero_filled(data: bytes) -> bool:
+    """Whether `data`, a data segment with a good FILE_HEAD, was zero-filled ahead."""
+    version: int = _HEAD.unpack_from(data, records.HEADER_SIZE)[2]
+    return version == ZERO_FILLED_VERSION
 
 
 @dataclass
@@ -190,15 +200,16 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_all(fd: int, chunks: list[bytes], offset: int, flags: int = 0) -> int:
+def write_all(fd: int, chunks: list[bytes], offset: int, flags: int = 0, *, span: int = 0) -> int:
     """pwritev every chunk at `offset` (IOV_MAX at a time, partial writes resumed); bytes written.
 
     `flags` are pwritev2's (RWF_DSYNC: each call returns once its range is on disk).
+    `span`, if given, is the most bytes one call writes (a single longer chunk excepted).
     """
     total = 0
     pending = list(chunks)
     while pending:
-        group = pending[:IOV_MAX]
+        group = pending[: _group_size(pending, span)]
         want = sum(len(chunk) for chunk in group)
         done = os.pwritev(fd, group, offset + total, flags)
         total += done
@@ -210,3 +221,16 @@ def write_all(fd: int, chunks: list[bytes], offset: int, flags: int = 0) -> int:
             done -= len(pending.pop(0))
         pending[0] = pending[0][done:]
     return total
+
+
+def _group_size(pending: list[bytes], span: int) -> int:
+    """How many of `pending` one pwritev takes: IOV_MAX, fewer to stay within `span` bytes."""
+    if not span:
+        return min(len(pending), IOV_MAX)
+    count = size = 0
+    for chunk in pending[:IOV_MAX]:
+        size += len(chunk)
+        if count and size > span:
+            break
+        count += 1
+    return count

@@ -32,7 +32,8 @@ class FileStoreOptions:
     repair: keep every readable record past mid-file damage instead of refusing to start;
     read_only: open for offline inspection (nothing written, torn tails left alone);
     compact_bytes: log size that triggers a snapshot; cache_bytes: recent payloads kept in memory;
-    write_in_place: a waited-on batch may be written on the event loop's thread when it is idle.
+    write_in_place: a waited-on batch may be written on the event loop's thread when it is idle;
+    preallocate: the next data segment is zero-filled ahead (preallocation.py; not with fsync=never).
     """
 
     fsync: FsyncMode = FsyncMode.BATCH
@@ -42,6 +43,7 @@ class FileStoreOptions:
     compact_bytes: int = 64 * MIB
     cache_bytes: int = 16 * MIB
     write_in_place: bool = True
+    preallocate: bool = True
 
     @classmethod
     def parse(cls, raw: Mapping[str, object]) -> FileStoreOptions:
@@ -55,7 +57,7 @@ class FileStoreOptions:
         for name, value in raw.items():
             if name == "fsync":
                 values[name] = _fsync(value)
-            elif name in ("repair", "read_only", "write_in_place"):
+            elif name in ("repair", "read_only", "write_in_place", "preallocate"):
                 values[name] = _bool(name, value)
             else:
                 values[name] = _size(name, value)

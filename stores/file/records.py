@@ -91,6 +91,23 @@ def find_next(data: bytes, pos: int, end: int) -> int | None:
     return None
 
 
+# How much of a file's end `zeros_from` looks at in one go.
+_ZERO_PROBE = 1 << 20
+
+
+def zeros_from(data: bytes, start: int = 0) -> int:
+    """Where the run of zero bytes that `data` ends with begins (len(data) if none), not
+    before `start`: the end of what a zero-filled file holds. Reads back a MiB at a time
+    without copying it, so a file with little unused space costs little."""
+    high = len(data)
+    while high > start:
+        low = max(start, high - _ZERO_PROBE)
+        if data.count(0, low, high) != high - low:
+            return low + len(data[low:high].rstrip(b"\0"))
+        high = low
+    return start
+
+
 @dataclass(frozen=True, slots=True)
 class Damage:
     """A bad stretch of a file: from `offset` to `resume` (None: to the end, a torn tail)."""
@@ -105,23 +122,26 @@ class Damage:
 
 
 class Scan:
-    """The good records of `data[start:]`, in order; `end` and `damages` tell how it ended.
+    """The good records of `data[start:stop]`, in order; `end` and `damages` tell how it ended.
 
     Without `skip_damage` the walk stops at the first damage; with it, it resumes at
     the next good record (a repair keeps every record it can read). `end` is the
     offset just past the last good record.
     """
 
-    def __init__(self, data: bytes, start: int = 0, *, skip_damage: bool = False) -> None:
+    def __init__(
+        self, data: bytes, start: int = 0, *, skip_damage: bool = False, stop: int | None = None
+    ) -> None:
         self.data = data
         self.start = start
+        self.stop = len(data) if stop is None else stop
         self.skip_damage = skip_damage
         self.end = start
         self.damages: list[Damage] = []
 
     def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
         """Yield (offset, type, payload start, payload end) of each good record."""
-        data, size, pos = self.data, len(self.data), self.start
+        data, size, pos = self.data, self.stop, self.start
         with memoryview(data) as view:
             while pos < size:
                 found = check(view, pos, size)

@@ -13,7 +13,11 @@ first record (no snapshot's mark inside it), that rebuilds the summary the write
 goes on with; otherwise no summary is written for it, and a later recovery reads it.
 
 Damage: a bad record with no good record after it, in the *last* segment or the
-*last* log, is a torn write: the file is truncated there (logged). Anything else
+*last* log, is a torn write: the file is truncated there (logged). The last segment,
+if it was zero-filled ahead (preallocation.py), ends where its zeros begin; damage
+within WRITE_SPAN of that end is a torn write too, good records after it or not,
+and zeros with nothing before them but good records are unused space, cut off
+without a warning. Anything else
 — damage followed by good records, or a torn tail in a file that was sealed —
 raises StoreCorrupted naming the file and offset, unless `repair` is set, which
 skips the damage and keeps every readable record (logged); when the snapshot
@@ -40,6 +44,7 @@ from stores.file import summary as summaries
 from stores.file.index import ENTRY, Index, unpack
 from stores.file.messages import head_of
 from stores.file.ops import decode_op
+from stores.file.preallocation import torn_write, zeros_start
 from stores.file.records import RecordType
 from stores.file.segment import Segment
 from stores.file.summary import Summary
@@ -181,22 +186,30 @@ class _Recovery:
                 return True
             self._damaged(path, 0, problem)
             start = layout.HEAD_SIZE
-        scan = records.Scan(data, start, skip_damage=self.repair)
+        zeros = zeros_start(data, kind, start) if last and not problem else None
+        scan = records.Scan(data, start, skip_damage=self.repair, stop=zeros)
         for offset, rtype, payload_start, payload_end in scan:
+            if scan.damages and torn_write(scan.damages[-1], zeros):
+                break  # what follows is what is left of a torn write: never acknowledged
             try:
                 on_record(data, offset, rtype, payload_start, payload_end)
             except (ValueError, struct.error, UnicodeDecodeError) as exc:
                 self._damaged(path, offset, f"unreadable {_type_name(rtype)} record ({exc})")
             self.records += 1
+        cut = zeros
         for damage in scan.damages:
-            if damage.torn_tail and last:
-                self._torn(path, damage.offset, len(data), damage.reason)
-                if not self.read_only:
-                    _truncate(path, damage.offset)
-            elif damage.torn_tail:
+            if last and torn_write(damage, zeros):
+                self._torn(path, damage.offset, len(data) if zeros is None else zeros, damage.reason)
+                cut = damage.offset
+                break
+            if damage.torn_tail:
                 self._damaged(path, damage.offset, f"{damage.reason} at the end of a sealed file")
             else:
                 self._damaged(path, damage.offset, f"{damage.reason}; good records follow at {damage.resume}")
+        if cut is not None and cut < len(data) and not self.read_only:
+            if cut == zeros:
+                self.log.info("store.unused_space_cut", file=str(path), offset=cut, bytes=len(data) - cut)
+            _truncate(path, cut)
         return len(self.repaired) == repaired
 
     def _torn(self, path: Path, offset: int, size: int, reason: str) -> None:

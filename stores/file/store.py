@@ -151,6 +151,7 @@ class FileStore(MessageStore):
                 self._batches_done,
                 self._compacted,
                 in_place=options.write_in_place,
+                preallocate=options.preallocate,
             )
         self._state = "open"
         if self._writer is not None and recovered.repaired:
@@ -507,6 +508,8 @@ class FileStore(MessageStore):
                 data_end=[writer.segment.number, writer.end],
                 fsyncs=writer.fsyncs,
                 batches=writer.batches,
+                segments_zero_filled=writer.zero_filled_segments,
+                next_segment_ready=writer.next_segment_ready,
                 records_per_batch=round(writer.batched_records / max(1, writer.batches), 1),
                 failed=writer.failure is not None,
             )

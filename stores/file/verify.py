@@ -18,6 +18,7 @@ from stores.file import layout, records
 from stores.file.index import unpack
 from stores.file.lock import DirectoryLock
 from stores.file.messages import decode_message
+from stores.file.preallocation import torn_write, zeros_start
 from stores.file.recovery import recover
 
 
@@ -64,10 +65,7 @@ def verify(directory: Path) -> Report:
             for number in numbers:
                 last = number == numbers[-1] and kind in (layout.SEGMENT, layout.LOG)
                 report.files.append(_check_file(directory, kind, number, last))
-        report.files += [
-            FileReport(p.name, p.stat().st_size, 0, ["left over by an interrupted write or removal"])
-            for p in listing.temporary
-        ]
+        report.files += [_check_temporary(p) for p in listing.temporary]
         _check_messages(directory, report)
     finally:
         lock.release()
@@ -81,18 +79,33 @@ def _check_file(directory: Path, kind: str, number: int, last: bool) -> FileRepo
     problem = layout.head_problem(data, kind, number)
     if problem:
         report.problems.append(f"offset 0: {problem}")
-    scan = records.Scan(data, layout.HEAD_SIZE, skip_damage=True)
+    # A zero-filled last segment (preallocation.py) ends where its zeros begin.
+    zeros = zeros_start(data, kind, layout.HEAD_SIZE) if last and not problem else None
+    scan = records.Scan(data, layout.HEAD_SIZE, skip_damage=True, stop=zeros)
     for _ in scan:
+        if scan.damages and torn_write(scan.damages[-1], zeros):
+            break
         report.records += 1
     for damage in scan.damages:
         where = f"offset {damage.offset}: {damage.reason}"
-        if damage.torn_tail and last:
-            report.torn_tail = f"{where} ({len(data) - damage.offset} bytes, truncated at the next start)"
-        elif damage.torn_tail:
+        end = len(data) if zeros is None else zeros
+        if last and torn_write(damage, zeros):
+            report.torn_tail = f"{where} ({end - damage.offset} bytes, truncated at the next start)"
+            break
+        if damage.torn_tail:
             report.problems.append(f"{where} up to the end of a sealed file")
         else:
             report.problems.append(f"{where}; good records resume at {damage.resume}")
     return report
+
+
+def _check_temporary(path: Path) -> FileReport:
+    if path.name.endswith(f".{layout.SEGMENT}.tmp"):
+        # Zero-filled ahead and never used (preallocation.py): nothing in it to lose.
+        return FileReport(
+            path.name, path.stat().st_size, 0, ["a segment zero-filled ahead, unused"], redundant=True
+        )
+    return FileReport(path.name, path.stat().st_size, 0, ["left over by an interrupted write or removal"])
 
 
 def _check_messages(directory: Path, report: Report) -> None:

@@ -48,6 +48,7 @@ from stores.errors import StoreStalled, StoreUnavailable
 from stores.file import layout
 from stores.file import snapshot as snapshots
 from stores.file import summary as summaries
+from stores.file.preallocation import WRITE_SPAN, Preparer
 from stores.file.segment import Segment
 from stores.file.slow_writes import SlowWriteBudget
 
@@ -178,6 +179,7 @@ class Writer:
         on_compacted: Callable[[int, int | BaseException, float], None],
         *,
         in_place: bool = True,
+        preallocate: bool = True,
     ) -> None:
         self.directory = directory
         self.mode = mode
@@ -218,6 +220,9 @@ class Writer:
         # Writer thread side. The files it continues may hold writes an earlier run never
         # synced, so they count as dirty until the first full fdatasync (see _write_range).
         self._active: Segment | None = segment if segment.fd is not None else None
+        # Where the active segment's records end, if it was zero-filled ahead: the zeros
+        # after are cut off when it is sealed or the store closes.
+        self._zero_filled_end: int | None = None
         self._data_dirty = True
         self._log_generation = log_generation
         self._log_fd = log_fd
@@ -227,8 +232,14 @@ class Writer:
         self.failure: StoreUnavailable | None = None
         self.fsyncs = 0
         self.batches = 0
+        self.zero_filled_segments = 0
         self.batched_records = 0
         # Not `_thread`: compiled, the attribute's C name would be `__thread`, a C keyword.
+        self._preparer: Preparer | None = None
+        # Only where every write into a segment is synced before the next (preallocation.py).
+        if preallocate and mode is not FsyncMode.NEVER and RWF_DSYNC:
+            self._preparer = Preparer(directory, segment_bytes)
+            self._preparer.request(segment.number + 1)
         self._worker = threading.Thread(target=self._run, name=f"kiteq-store-writer:{directory}", daemon=True)
         self._compactor: threading.Thread | None = None
         self._summarizers: list[threading.Thread] = []
@@ -368,6 +379,11 @@ class Writer:
             )
         self._finished([batch])
 
+    @property
+    def next_segment_ready(self) -> bool:
+        """Whether the segment after the current one is zero-filled and ready (preallocation.py)."""
+        return self._preparer is not None and self._preparer.ready == self.segment.number + 1
+
     def settled(self) -> bool:
         """True when everything appended so far is as durable as the mode makes it."""
         return self.synced_seq >= self.dirty_seq
@@ -443,6 +459,10 @@ class Writer:
     def _join(self) -> None:
         self._worker.join()
         self._watchdog.join()
+        if self._preparer is not None:
+            self._preparer.stop()
+        if self.failure is None and self._active is not None:
+            self._cut_zeros(self._active)
         if self._compactor is not None:
             self._compactor.join()
         for thread in self._summarizers:
@@ -543,12 +563,15 @@ class Writer:
             if segment is not self._active:
                 self._seal()
                 if segment.fd is None:
-                    segment.create()
-                    self._dir_dirty = True
-                    self._data_dirty = True  # its header is written, not synced
+                    self._open_segment(segment)
                 self._active = segment
             assert segment.fd is not None
-            _, self._data_dirty = _write_range(segment.fd, chunks, start, must_sync, self._data_dirty)
+            span = WRITE_SPAN if self._zero_filled_end is not None else 0
+            written, self._data_dirty = _write_range(
+                segment.fd, chunks, start, must_sync, self._data_dirty, span
+            )
+            if self._zero_filled_end is not None:
+                self._zero_filled_end = max(self._zero_filled_end, start + written)
             records += len(chunks)
         if batch.log:
             if batch.log_generation != self._log_generation or self._log_fd is None:
@@ -591,12 +614,38 @@ class Writer:
             self._dir_dirty = False
         self.fsyncs += 1
 
+    def _open_segment(self, segment: Segment) -> None:
+        """Start the next segment: the one zero-filled ahead, if ready, else a new file;
+        and have the one after it prepared."""
+        fd = self._preparer.take(segment.number) if self._preparer is not None else None
+        if fd is not None:
+            segment.fd = fd
+            self._zero_filled_end = layout.HEAD_SIZE
+            self.zero_filled_segments += 1
+        else:
+            segment.create()
+            self._data_dirty = True  # its header is written, not synced
+        self._dir_dirty = True
+        if self._preparer is not None:
+            self._preparer.request(segment.number + 1)
+
+    def _cut_zeros(self, segment: Segment) -> None:
+        """Cut a zero-filled segment's unused zeros off (it is sealed, or the store closes):
+        a sealed segment, like an appended one, ends where its records do."""
+        if self._zero_filled_end is not None and segment.fd is not None:
+            os.ftruncate(segment.fd, self._zero_filled_end)
+            self._data_dirty = True
+        self._zero_filled_end = None
+        if self._data_dirty and segment.fd is not None:
+            os.fdatasync(segment.fd)
+        self._data_dirty = False
+
     def _seal(self) -> None:
         """A segment the writer leaves is fsynced in every mode: only the last may have a torn tail.
         Then its summary is written, on a thread of its own (see summary.py)."""
         sealed = self._active
-        if sealed is not None and self._data_dirty and sealed.fd is not None:
-            os.fdatasync(sealed.fd)
+        if sealed is not None:
+            self._cut_zeros(sealed)
         self._data_dirty = False
         if sealed is not None and sealed.summary is not None:
             built, sealed.summary = sealed.summary, None
@@ -660,14 +709,17 @@ class Writer:
             return
 
 
-def _write_range(fd: int, chunks: list[bytes], offset: int, sync: bool, dirty: bool) -> tuple[int, bool]:
+def _write_range(
+    fd: int, chunks: list[bytes], offset: int, sync: bool, dirty: bool, span: int = 0
+) -> tuple[int, bool]:
     """Write `chunks` at `offset`: (bytes written, whether the file now holds unsynced writes).
 
     A write that must be synced, to a file with nothing else unsynced, is one pwritev with
     RWF_DSYNC: a syscall, and a round of the GIL between this thread and Trio's, fewer
     than a write and then an fdatasync. After unsynced writes it stays a plain write
     (RWF_DSYNC syncs only its own range), and `_sync` fdatasyncs the whole file.
+    `span` bounds the bytes of one synced write (into zero-filled space: preallocation.py).
     """
     if sync and not dirty and RWF_DSYNC:
-        return layout.write_all(fd, chunks, offset, RWF_DSYNC), False
+        return layout.write_all(fd, chunks, offset, RWF_DSYNC, span=span), False
     return layout.write_all(fd, chunks, offset), True

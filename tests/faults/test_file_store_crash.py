@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from stores import MessageEntity, StoreCorrupted
-from stores.file import FileStore, layout
+from stores.file import FileStore, layout, preallocation
 from stores.file.records import HEADER_SIZE, Scan
 
 pytestmark = pytest.mark.faults
@@ -28,7 +28,8 @@ pytestmark = pytest.mark.faults
 ROOT = Path(__file__).resolve().parents[2]
 State = tuple[str, ...] | None
 CHAOS_OPTIONS = {"fsync": "batch", "segment_bytes": 128 << 10, "compact_bytes": 64 << 10}
-FILL_OPTIONS = {"fsync": "batch", "segment_bytes": 16 << 10}
+# Appended segments; a zero-filled one is made from the last of them (`zero_fill`).
+FILL_OPTIONS = {"fsync": "batch", "segment_bytes": 16 << 10, "preallocate": False}
 AFTER: dict[str, State] = {
     "commit": ("committed",),
     "rollback": None,
@@ -134,6 +135,9 @@ async def test_nothing_acknowledged_is_lost_across_sigkills(tmp_path: Path) -> N
         await child.kill()
         lines += [line for line in child.lines if line.startswith(("intent", "acked"))]
         await check(directory, allowed_states(lines))
+        assert not layout.list_files(directory).temporary, (
+            "a segment zero-filled ahead is deleted at the next start"
+        )
     assert sum(line.startswith("acked save") for line in lines) > 500, (
         "the children did too little to prove much"
     )
@@ -150,12 +154,29 @@ async def crashed_fill(directory: Path, count: int) -> list[str]:
     return [line.split()[1] for line in child.lines if line.startswith("saved")]
 
 
+async def crashed_last_segment(directory: Path) -> tuple[list[str], Path, list[int]]:
+    """`crashed_fill` of 40: their ids, the last segment and the offsets of its records."""
+    ids = await crashed_fill(directory, 40)
+    last = files(directory, "seg")[-1]
+    return ids, last, record_offsets(last)
+
+
 def files(directory: Path, kind: str) -> list[Path]:
     return sorted(directory.glob(f"*.{kind}"))
 
 
 def record_offsets(path: Path) -> list[int]:
     return [offset for offset, *_ in Scan(path.read_bytes(), layout.HEAD_SIZE)]
+
+
+def damage(path: Path, offset: int, replacement: bytes | None = None) -> None:
+    """Put `replacement` over `path` at `offset`, or flip the byte there."""
+    data = bytearray(path.read_bytes())
+    if replacement is None:
+        data[offset] ^= 0xFF
+    else:
+        data[offset : offset + len(replacement)] = replacement
+    path.write_bytes(bytes(data))
 
 
 async def present(directory: Path, ids: list[str], **options: object) -> tuple[list[str], dict[str, object]]:
@@ -166,9 +187,8 @@ async def present(directory: Path, ids: list[str], **options: object) -> tuple[l
 
 
 async def test_a_torn_tail_of_the_last_segment_is_truncated(tmp_path: Path) -> None:
-    ids = await crashed_fill(tmp_path, 40)
-    last = files(tmp_path, "seg")[-1]
-    cut = record_offsets(last)[-1]
+    ids, last, offsets = await crashed_last_segment(tmp_path)
+    cut = offsets[-1]
     os.truncate(last, cut + HEADER_SIZE + 100)
     found, details = await present(tmp_path, ids)
     assert found == ids[:-1]
@@ -200,13 +220,9 @@ async def test_a_torn_tail_of_the_log_loses_only_the_last_op(tmp_path: Path) -> 
 async def test_damage_mid_segment_refuses_to_start_and_repair_keeps_every_readable_record(
     tmp_path: Path,
 ) -> None:
-    ids = await crashed_fill(tmp_path, 40)
-    last = files(tmp_path, "seg")[-1]
-    offsets = record_offsets(last)
+    ids, last, offsets = await crashed_last_segment(tmp_path)
     damaged = offsets[len(offsets) // 2]
-    data = bytearray(last.read_bytes())
-    data[damaged + HEADER_SIZE + 500] ^= 0xFF
-    last.write_bytes(bytes(data))
+    damage(last, damaged + HEADER_SIZE + 500)
     with pytest.raises(StoreCorrupted, match=rf"{last.name}: damaged at offset {damaged}: CRC mismatch"):
         await FileStore.from_uri(f"file://{tmp_path}").start()
     lost = ids[len(ids) - len(offsets) + len(offsets) // 2]
@@ -234,3 +250,51 @@ async def test_a_last_segment_torn_while_being_created_is_not_damage(tmp_path: P
     found, details = await present(tmp_path, ids)
     assert found == ids
     assert details["torn_tails_truncated"] == [f"{torn.name}@0"]
+
+
+# -- a last segment zero-filled ahead (stores/file/preallocation.py) ---------------------------
+
+
+def zero_fill(path: Path, size: int) -> int:
+    """Make the last segment `path` what a crash leaves of one zero-filled ahead: its header
+    of that format, and zeros after its records up to `size`. Where its records end."""
+    data = path.read_bytes()
+    head = layout.file_head(layout.SEGMENT, int(path.stem), layout.ZERO_FILLED_VERSION)
+    path.write_bytes(head + data[len(head) :] + bytes(size - len(data)))
+    return len(data)
+
+
+async def test_the_unused_zeros_of_a_zero_filled_last_segment_are_cut_off_not_torn(tmp_path: Path) -> None:
+    ids, last, _ = await crashed_last_segment(tmp_path)
+    end = zero_fill(last, 64 << 10)
+    found, details = await present(tmp_path, ids)
+    assert found == ids
+    assert details["torn_tails_truncated"] == []
+    assert last.stat().st_size == end
+
+
+async def test_a_write_torn_in_zero_filled_space_is_cut_off_though_good_records_follow(
+    tmp_path: Path,
+) -> None:
+    """The disk may keep a torn write's sectors in any order: a hole, then its last record."""
+    ids, last, offsets = await crashed_last_segment(tmp_path)
+    zero_fill(last, 64 << 10)
+    damage(last, offsets[-2] + HEADER_SIZE + 10, bytes(512))
+    found, details = await present(tmp_path, ids)
+    assert found == ids[:-2]
+    assert details["torn_tails_truncated"] == [f"{last.name}@{offsets[-2]}"]
+    assert last.stat().st_size == offsets[-2]
+
+
+async def test_damage_before_the_last_write_of_a_zero_filled_segment_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids, last, offsets = await crashed_last_segment(tmp_path)
+    end = zero_fill(last, 64 << 10)
+    monkeypatch.setattr(preallocation, "WRITE_SPAN", end - offsets[-3])  # the last three records
+    damage(last, offsets[-4] + HEADER_SIZE + 10)
+    with pytest.raises(StoreCorrupted, match=rf"{last.name}: damaged at offset {offsets[-4]}: CRC mismatch"):
+        await FileStore.from_uri(f"file://{tmp_path}").start()
+    found, details = await present(tmp_path, ids, repair=True)
+    assert found == [message_id for i, message_id in enumerate(ids) if i != len(ids) - 4]
+    assert details["damage_skipped"] == [f"{last.name}@{offsets[-4]}"]

@@ -11,7 +11,7 @@ import trio
 
 import kiteq.cli.admin as admin
 from stores import MessageEntity
-from stores.file import FileStore
+from stores.file import FileStore, layout
 from stores.file.lock import DirectoryLock
 from stores.file.records import HEADER_SIZE, Scan
 
@@ -88,9 +88,32 @@ def test_a_torn_tail_is_only_a_note(tmp_path: Path, capsys: pytest.CaptureFixtur
     make_store(tmp_path)
     last = sorted(tmp_path.glob("*.seg"))[-1]
     with last.open("ab") as f:
-        f.write(b"\0" * 100)
+        f.write(b"torn" * 25)
     code, out, _ = run(capsys, "store", "verify", "--store", f"file://{tmp_path}")
     assert code == 0 and "truncated at the next start" in out
+
+
+def test_unused_zero_filled_space_is_no_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What a crash leaves of segments zero-filled ahead: the last one's unused zeros, the next one."""
+    make_store(tmp_path)
+    last = sorted(tmp_path.glob("*.seg"))[-1]
+    data = last.read_bytes()
+    number = int(last.stem)
+    last.write_bytes(
+        layout.file_head(layout.SEGMENT, number, layout.ZERO_FILLED_VERSION)
+        + data[layout.HEAD_SIZE :]
+        + bytes(4096)
+    )
+    following = layout.temporary_of(layout.path_of(tmp_path, layout.SEGMENT, number + 1))
+    following.write_bytes(
+        layout.file_head(layout.SEGMENT, number + 1, layout.ZERO_FILLED_VERSION) + bytes(4096)
+    )
+    code, out, _ = run(capsys, "--json", "store", "verify", "--store", f"file://{tmp_path}")
+    report = json.loads(out)
+    assert code == 0 and not report["damaged"] and report["messages"] == 5
+    files = {f["name"]: f for f in report["files"]}
+    assert files[last.name]["torn_tail"] == "" and files[last.name]["problems"] == []
+    assert files[following.name]["problems"] == ["a segment zero-filled ahead, unused"]
 
 
 @pytest.mark.parametrize("command", ["stats", "dump", "verify"])

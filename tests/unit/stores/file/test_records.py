@@ -105,3 +105,27 @@ def test_check_reports_why() -> None:
     assert records.check(record, 0, len(record)) == (RecordType.COMMIT, 7)
     assert records.check(record, 0, 5) == "short header"
     assert records.check(record[:-1], 0, len(record) - 1) == "length past the end"
+
+
+@pytest.mark.parametrize(
+    ("data", "start", "expected"),
+    [
+        (b"", 0, 0),
+        (b"abc", 0, 3),
+        (b"abc\0\0", 0, 3),
+        (b"\0\0\0", 0, 0),
+        (b"\0\0\0", 2, 2),
+        (b"a\0b" + bytes(3 << 20), 0, 3),  # zeros over several probes
+        (b"a" + bytes(1 << 20) + b"b" + bytes(10), 0, (1 << 20) + 2),  # a MiB of zeros inside
+        (bytes(5) + b"x" + bytes(5), 0, 6),
+    ],
+)
+def test_zeros_from_finds_where_the_trailing_zeros_begin(data: bytes, start: int, expected: int) -> None:
+    assert records.zeros_from(data, start) == expected
+
+
+def test_a_scan_stops_where_it_is_told() -> None:
+    data, offsets = stream(b"a", b"b", b"c")
+    scan = Scan(data + bytes(100), stop=offsets[2])
+    assert payloads_of(scan) == [b"a", b"b"]
+    assert scan.end == offsets[2] and scan.damages == []

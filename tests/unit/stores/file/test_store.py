@@ -340,6 +340,58 @@ async def test_only_decisions_wait_for_an_fsync_in_batch_mode(
     assert after_commits - after_lazy >= 20, "each sequential commit waits for its own fsync"
 
 
+async def test_the_next_segment_is_zero_filled_ahead_written_in_place_and_cut_to_its_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    segment_bytes = 16 << 10
+    writes = record_os_calls(
+        monkeypatch,
+        "pwritev",
+        lambda fd, buffers, offset, flags=0: (os.readlink(f"/proc/self/fd/{fd}"), flags),
+        [],
+    )
+
+    def segment(number: int) -> Path:
+        return layout.path_of(tmp_path, layout.SEGMENT, number)
+
+    def records_end(path: Path) -> int:
+        scan = Scan(path.read_bytes(), layout.HEAD_SIZE)
+        for _ in scan:
+            pass
+        return scan.end
+
+    saved: list[str] = []
+    async with FileStore.from_uri(uri(tmp_path, segment_bytes=segment_bytes)) as store:
+
+        async def fill_into(number: int) -> None:
+            with trio.fail_after(10):
+                while not (await store.stats()).details["next_segment_ready"]:
+                    await trio.sleep(0.001)
+            while not segment(number).exists():
+                entity = message()
+                await store.save(entity)
+                saved.append(entity.message_id)
+
+        await fill_into(2)
+        assert not layout.zero_filled(segment(1).read_bytes()), "a new store's first is created when needed"
+        assert layout.zero_filled(segment(2).read_bytes())
+        assert segment(2).stat().st_size == segment_bytes, "zero-filled whole"
+        writes.clear()
+        entity = message()
+        await store.save(entity)
+        saved.append(entity.message_id)
+        assert [flags for path, flags in writes if path == str(segment(2))] == [RWF_DSYNC]
+        assert segment(2).stat().st_size == segment_bytes, "written in place: its size is unchanged"
+        await fill_into(3)
+        assert segment(2).stat().st_size == records_end(segment(2)), "sealed: it ends with its records"
+        assert (await store.stats()).details["segments_zero_filled"] == 2
+    assert segment(3).stat().st_size == records_end(segment(3)), "closed: the unused zeros are cut off"
+    assert not layout.list_files(tmp_path).temporary, "the segment prepared after it is deleted"
+    async with FileStore.from_uri(uri(tmp_path, segment_bytes=segment_bytes)) as store:
+        assert all([await store.get(message_id) for message_id in saved])
+        assert (await store.stats()).details["torn_tails_truncated"] == []
+
+
 async def test_lazy_changes_share_the_next_saves_write_or_are_written_soon_after(tmp_path: Path) -> None:
     async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
         first, second = message(), message()
@@ -373,7 +425,8 @@ async def test_a_durable_write_to_a_synced_file_syncs_itself_else_the_file_is_fd
 
     record_os_calls(monkeypatch, "pwritev", write, calls)
     record_os_calls(monkeypatch, "fdatasync", lambda fd: ("fdatasync", suffix(fd), 0), calls)
-    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+    # Segments appended, not zero-filled ahead: the preparer's own writes stay out of `calls`.
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch", preallocate="false")) as store:
         first, second, third, fourth = message(), message(), message(), message()
         pending = message(commit=False)
         await store.save(first)  # a new segment: its header was written unsynced

@@ -1,0 +1,174 @@
+"""Data segments zero-filled ahead of need, on a thread of their own.
+
+A synced append changes its file's size, so the file system commits its journal
+for it: on ext4 here, a 5 KB write with RWF_DSYNC took 168-187 µs appended against
+91-104 µs written over space already written, and 95-111 against 63-69 µs of CPU.
+So while the writer fills segment N, a preparer thread writes segment N+1 whole
+under its `.tmp` name: a FILE_HEAD of format ZERO_FILLED_VERSION, then zeros up to
+the segment size, synced FILL_STEP at a time so that the store's own synced writes
+never queue behind a long writeback. When the writer moves on to N+1 it renames the
+file into place (`take`); a segment that is not ready yet is created empty, as
+without preallocation, and the preparer moves on to the one after.
+
+Written in place, a segment's records no longer end where its file does, but where
+its zeros begin. A synced write that a crash cut short may have reached the disk in
+any order within its range, leaving good records after a hole; the writer splits
+its writes into zero-filled space at WRITE_SPAN bytes, so such damage lies within
+WRITE_SPAN of the end of what the file holds, and recovery treats damage there,
+in the last segment, as a torn write (`torn_write`). The writer cuts the unused
+zeros off when it seals the segment or closes the store.
+
+Only for `fsync=batch` and `always`: there each write into a segment is synced
+before the next, so at most one write is torn. With `fsync=never` a crash may keep
+any of many unsynced writes, and segments are appended.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import structlog
+
+from stores.file import layout, records
+
+log = structlog.get_logger(__name__)
+
+# The most bytes one synced write into zero-filled space covers (a longer record alone
+# excepted): how far from the end of its records a torn write may leave damage.
+WRITE_SPAN = 1 << 20
+# Zeros are written and synced this much at a time.
+FILL_STEP = 1 << 20
+_ZEROS = memoryview(bytes(FILL_STEP))
+
+
+def zeros_start(data: bytes, kind: str, start: int) -> int | None:
+    """Where the zeros of a data segment zero-filled ahead begin, its records ending
+    there (not before `start`); None for any other file. `data` has a good FILE_HEAD."""
+    if kind != layout.SEGMENT or not layout.zero_filled(data):
+        return None
+    return records.zeros_from(data, start)
+
+
+def torn_write(damage: records.Damage, zeros: int | None) -> bool:
+    """Whether `damage` to the last file of its kind is a write that a crash cut short:
+    nothing good after it, or, in a segment zero-filled ahead whose zeros begin at
+    `zeros`, within the span of its last synced write."""
+    return damage.torn_tail or (zeros is not None and zeros - damage.offset <= WRITE_SPAN)
+
+
+class _Abandoned(Exception):
+    """The segment being filled is no longer wanted."""
+
+
+class Preparer:
+    """Keeps the next data segment zero-filled and synced, ready for the writer to take."""
+
+    def __init__(self, directory: Path, segment_bytes: int) -> None:
+        self._directory = directory
+        self._size = segment_bytes
+        self._cond = threading.Condition()
+        self._wanted: int | None = None
+        self._preparing: int | None = None
+        self._ready: tuple[int, int] | None = None  # (number, descriptor)
+        self._stopping = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"kiteq-store-preparer:{directory}", daemon=True
+        )
+        self._thread.start()
+
+    def request(self, number: int) -> None:
+        """Prepare segment `number` next, instead of whatever else (writer thread)."""
+        with self._cond:
+            if number == self._preparing or (self._ready is not None and self._ready[0] == number):
+                return
+            self._wanted = number
+            self._cond.notify()
+
+    @property
+    def ready(self) -> int | None:
+        """The number of the segment prepared and waiting to be taken, if any."""
+        ready = self._ready
+        return None if ready is None else ready[0]
+
+    def take(self, number: int) -> int | None:
+        """The descriptor of segment `number`, renamed into place (the caller syncs the
+        directory before anyone relies on it), if it is ready; else None."""
+        with self._cond:
+            if self._ready is None or self._ready[0] != number:
+                return None
+            fd = self._ready[1]
+            self._ready = None
+        final = layout.path_of(self._directory, layout.SEGMENT, number)
+        try:
+            os.rename(layout.temporary_of(final), final)
+        except OSError as exc:
+            log.warning("store.preallocation_failed", segment=number, error=str(exc))
+            self._discard(number, fd)
+            return None
+        return fd
+
+    def stop(self) -> None:
+        """End the thread and delete what it prepared that nobody took."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+        if self._ready is not None:
+            self._discard(*self._ready)
+            self._ready = None
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._wanted is None and not self._stopping:
+                    self._cond.wait()
+                number = self._wanted
+                if self._stopping or number is None:
+                    return
+                self._preparing, self._wanted = number, None
+                if self._ready is not None:
+                    self._discard(*self._ready)
+                    self._ready = None
+            fd = self._prepare(number)
+            with self._cond:
+                self._preparing = None
+                if fd is None:
+                    continue
+                if self._wanted is None and not self._stopping:
+                    self._ready = (number, fd)
+                    continue
+            self._discard(number, fd)
+
+    def _prepare(self, number: int) -> int | None:
+        """Write segment `number` zero-filled under its `.tmp` name; its descriptor, or None
+        if it was abandoned or failed (logged: the writer then appends, as without)."""
+        path = layout.temporary_of(layout.path_of(self._directory, layout.SEGMENT, number))
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            log.warning("store.preallocation_failed", segment=number, error=str(exc))
+            return None
+        try:
+            offset = layout.write_all(
+                fd, [layout.file_head(layout.SEGMENT, number, layout.ZERO_FILLED_VERSION)], 0
+            )
+            while offset < self._size:
+                if self._wanted is not None or self._stopping:
+                    raise _Abandoned
+                step_end = min(self._size, (offset // FILL_STEP + 1) * FILL_STEP)
+                offset += os.pwrite(fd, _ZEROS[: step_end - offset], offset)
+                os.fdatasync(fd)
+        except _Abandoned:
+            self._discard(number, fd)
+            return None
+        except OSError as exc:
+            log.warning("store.preallocation_failed", segment=number, error=str(exc))
+            self._discard(number, fd)
+            return None
+        return fd
+
+    def _discard(self, number: int, fd: int) -> None:
+        os.close(fd)
+        layout.temporary_of(layout.path_of(self._directory, layout.SEGMENT, number)).unlink(missing_ok=True)
