@@ -170,14 +170,17 @@ class _Recovery:
         repaired = len(self.repaired)
         path = layout.path_of(self.directory, kind, number)
         data = path.read_bytes()
-        if start > len(data) and start > layout.HEAD_SIZE:
+        problem = layout.head_problem(data, kind, number)
+        # Where a zero-filled last segment's records end, and its zeros begin.
+        zeros = zeros_start(data, kind, layout.HEAD_SIZE) if last and not problem else None
+        size = len(data) if zeros is None else zeros
+        if start > size and start > layout.HEAD_SIZE:
             # The snapshot counted data up to `start` as durable: a shorter file lost acknowledged records.
             # (A mark at the header itself promises no records: a segment torn while being created.)
             self._damaged(
-                path, len(data), f"the file ends before offset {start}, where the snapshot says data ends"
+                path, size, f"its data ends before offset {start}, where the snapshot says data ends"
             )
-            self.short[number] = len(data)
-        problem = layout.head_problem(data, kind, number)
+            self.short[number] = size
         if problem:
             if last and records.find_next(data, -1, len(data)) is None:
                 self._torn(path, 0, len(data), "the file was cut short while being created")
@@ -186,8 +189,9 @@ class _Recovery:
                 return True
             self._damaged(path, 0, problem)
             start = layout.HEAD_SIZE
-        zeros = zeros_start(data, kind, start) if last and not problem else None
-        scan = records.Scan(data, start, skip_damage=self.repair, stop=zeros)
+        scan = records.Scan(
+            data, start, skip_damage=self.repair, stop=None if zeros is None else max(zeros, start)
+        )
         for offset, rtype, payload_start, payload_end in scan:
             if scan.damages and torn_write(scan.damages[-1], zeros):
                 break  # what follows is what is left of a torn write: never acknowledged

@@ -298,3 +298,25 @@ async def test_damage_before_the_last_write_of_a_zero_filled_segment_is_refused(
     found, details = await present(tmp_path, ids, repair=True)
     assert found == [message_id for i, message_id in enumerate(ids) if i != len(ids) - 4]
     assert details["damage_skipped"] == [f"{last.name}@{offsets[-4]}"]
+
+
+@pytest.mark.parametrize("zero_filled", [False, True])
+async def test_acknowledged_data_missing_before_the_snapshots_mark_is_refused(
+    tmp_path: Path, zero_filled: bool
+) -> None:
+    """A snapshot vouches for the data up to its mark: a last segment whose records end
+    before it (cut short, or zeros where records were) lost acknowledged messages."""
+    async with FileStore.from_uri(f"file://{tmp_path}", **FILL_OPTIONS) as store:
+        for _ in range(5):
+            await store.save(MessageEntity(os.urandom(16).hex(), "trade", "pay", "order-svc", b"b" * 1000))
+    last = files(tmp_path, "seg")[-1]
+    offsets = record_offsets(last)
+    if zero_filled:
+        zero_fill(last, 64 << 10)
+        damage(last, offsets[-1], bytes(last.stat().st_size - offsets[-1]))
+    else:
+        os.truncate(last, offsets[-1])
+    with pytest.raises(
+        StoreCorrupted, match=rf"{last.name}: damaged at offset {offsets[-1]}: its data ends before"
+    ):
+        await FileStore.from_uri(f"file://{tmp_path}").start()
