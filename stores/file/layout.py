@@ -20,6 +20,7 @@ import os
 import re
 import struct
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,12 @@ IOV_MAX = os.sysconf("SC_IOV_MAX")
 # one), and every synced write of the store waits behind it. `remove` and `release`
 # free a file this much at a time, so such a write waits for one step at most.
 REMOVE_STEP = 1 << 20
+# Work on the disk done in the background (freeing a file's blocks here, zero-filling a
+# segment ahead: preallocation.py) pauses this long after each step. Run back to back,
+# the steps of freeing one segment and filling the next kept the store's synced writes
+# waiting for 50-100 ms in a row at every new segment (messages paced at 5,000 a second,
+# 16 MiB segments: p99 2.76-2.90 ms, against 1.60-1.95 with the pauses; RabbitMQ 1.41-1.59).
+BACKGROUND_PAUSE = 0.01
 # Files written whole (snapshots, summaries) are synced every this many records as they go.
 SYNC_EVERY_RECORDS = 4
 
@@ -162,11 +169,12 @@ def _free(fd: int) -> None:
 
 
 def _shrink(fd: int) -> None:
-    """Cut the file down REMOVE_STEP at a time, to its first step."""
+    """Cut the file down REMOVE_STEP at a time, to its first step, pausing in between."""
     size = os.fstat(fd).st_size
     while size > REMOVE_STEP:
         size -= REMOVE_STEP
         os.ftruncate(fd, size)
+        time.sleep(BACKGROUND_PAUSE)
 
 
 def write_temporary(final: Path, kind: str, number: int, body: Iterable[bytes]) -> int:

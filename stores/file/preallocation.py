@@ -5,8 +5,9 @@ for it: on ext4 here, a 5 KB write with RWF_DSYNC took 168-187 µs appended agai
 91-104 µs written over space already written, and 95-111 against 63-69 µs of CPU.
 So while the writer fills segment N, a preparer thread writes segment N+1 whole
 under its `.tmp` name: a FILE_HEAD of format ZERO_FILLED_VERSION, then zeros up to
-the segment size, synced FILL_STEP at a time so that the store's own synced writes
-never queue behind a long writeback. When the writer moves on to N+1 it renames the
+the segment size, synced FILL_STEP at a time and pausing in between
+(`layout.BACKGROUND_PAUSE`), so that the store's own synced writes never queue behind
+a long writeback. When the writer moves on to N+1 it renames the
 file into place (`take`); a segment that is not ready yet is created empty, as
 without preallocation, and the preparer moves on to the one after.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import structlog
@@ -160,6 +162,7 @@ class Preparer:
                 step_end = min(self._size, (offset // FILL_STEP + 1) * FILL_STEP)
                 offset += os.pwrite(fd, _ZEROS[: step_end - offset], offset)
                 os.fdatasync(fd)
+                time.sleep(layout.BACKGROUND_PAUSE)
         except _Abandoned:
             self._discard(number, fd)
             return None

@@ -64,6 +64,8 @@ LAZY_WRITE_DELAY = 0.005
 IDLE_GRACE = 0.001
 # Pauses of writes in place (slow_writes.py) this long or longer are logged: the disk stalls.
 LOGGED_PAUSE = 1.0
+# How long after a segment is sealed its summary is written (`_summarize`).
+SUMMARY_DELAY = 1.0
 # Callers have waited this long with no batch finished: the disk stalls, they are failed.
 STALL_TIMEOUT = 10.0
 # How often the watchdog looks (a tenth of the timeout, at most a second).
@@ -206,7 +208,8 @@ class Writer:
         self._waited: set[Batch] = set()
         self._progress_at = time.monotonic()
         self._stall_reported = False
-        self._watching = threading.Event()
+        # Set once the writer stops: ends the watchdog, and cuts summaries' delay short.
+        self._closing = threading.Event()
         self._cut: list[Batch] = []
         self._seq = 1
         # Trio side: where the next record goes, what is written and synced.
@@ -453,7 +456,7 @@ class Writer:
         with self._lock:
             self._stopping = True
             self._cond.notify()
-        self._watching.set()
+        self._closing.set()
         await trio.to_thread.run_sync(self._join)
 
     def _join(self) -> None:
@@ -502,7 +505,7 @@ class Writer:
     def _watch(self) -> None:
         """The watchdog thread: while callers wait, report a stall once no batch has
         finished for `stall_timeout` (once per stall: progress re-arms it)."""
-        while not self._watching.wait(min(1.0, self.stall_timeout / STALL_CHECKS_PER_TIMEOUT)):
+        while not self._closing.wait(min(1.0, self.stall_timeout / STALL_CHECKS_PER_TIMEOUT)):
             if (
                 self._waited
                 and not self._stall_reported
@@ -660,7 +663,10 @@ class Writer:
             thread.start()
 
     def _summarize(self, number: int, built: summaries.Summary) -> None:
-        """A summary thread: write segment `number`'s summary."""
+        """A summary thread: write segment `number`'s summary, SUMMARY_DELAY after it was
+        sealed (at once if the store closes): while consumers keep up, a segment is often
+        emptied and deleted as soon as it is sealed, and then needs none."""
+        self._closing.wait(SUMMARY_DELAY)
         try:
             summaries.write(self.directory, number, built)
         except FileNotFoundError:
