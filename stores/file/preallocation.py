@@ -173,5 +173,10 @@ class Preparer:
         return fd
 
     def _discard(self, number: int, fd: int) -> None:
-        os.close(fd)
-        layout.temporary_of(layout.path_of(self._directory, layout.SEGMENT, number)).unlink(missing_ok=True)
+        """Close and delete a prepared segment nobody will take (a leftover is deleted at start)."""
+        path = layout.temporary_of(layout.path_of(self._directory, layout.SEGMENT, number))
+        try:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("store.preallocation_not_deleted", segment=number, error=str(exc))

@@ -237,12 +237,12 @@ class Writer:
         self.batches = 0
         self.zero_filled_segments = 0
         self.batched_records = 0
-        # Not `_thread`: compiled, the attribute's C name would be `__thread`, a C keyword.
         self._preparer: Preparer | None = None
         # Only where every write into a segment is synced before the next (preallocation.py).
         if preallocate and mode is not FsyncMode.NEVER and RWF_DSYNC:
             self._preparer = Preparer(directory, segment_bytes)
             self._preparer.request(segment.number + 1)
+        # Not `_thread`: compiled, the attribute's C name would be `__thread`, a C keyword.
         self._worker = threading.Thread(target=self._run, name=f"kiteq-store-writer:{directory}", daemon=True)
         self._compactor: threading.Thread | None = None
         self._summarizers: list[threading.Thread] = []
@@ -465,7 +465,10 @@ class Writer:
         if self._preparer is not None:
             self._preparer.stop()
         if self.failure is None and self._active is not None:
-            self._cut_zeros(self._active)
+            try:
+                self._cut_zeros(self._active)
+            except OSError as exc:  # the next start cuts them: nothing is lost
+                log.warning("store.unused_space_not_cut", store=str(self.directory), error=str(exc))
         if self._compactor is not None:
             self._compactor.join()
         for thread in self._summarizers:

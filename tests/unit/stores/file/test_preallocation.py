@@ -1,15 +1,18 @@
-"""Segments zero-filled ahead: how their end and a torn write in them are told, and the
-writes' span (the preparer and the writer with it: test_store.py, tests/faults)."""
+"""Segments zero-filled ahead: how their end and a torn write in them are told, the
+writes' span, and the preparer (the writer with it: test_store.py, tests/faults)."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from stores.file import layout
-from stores.file.preallocation import WRITE_SPAN, torn_write, zeros_start
+from stores.file.preallocation import WRITE_SPAN, Preparer, torn_write, zeros_start
 from stores.file.records import Damage
 
 SPAN = WRITE_SPAN
@@ -73,3 +76,39 @@ def test_write_all_keeps_each_call_within_the_span(
         os.close(fd)
     assert seen == calls
     assert (tmp_path / "f").read_bytes() == b"".join(chunks)
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "not within 10 s"
+        time.sleep(0.001)
+
+
+def test_a_segment_asked_for_instead_is_prepared_and_the_other_deleted(tmp_path: Path) -> None:
+    preparer = Preparer(tmp_path, 4 << 20)
+    try:
+        preparer.request(2)
+        preparer.request(3)
+        wait_until(lambda: preparer.ready == 3)
+        assert preparer.take(2) is None
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["0000000003.seg.tmp"]
+        fd = preparer.take(3)
+        assert fd is not None
+        os.close(fd)
+        data = (tmp_path / "0000000003.seg").read_bytes()
+        assert len(data) == 4 << 20 and layout.head_problem(data, layout.SEGMENT, 3) is None
+        assert layout.zero_filled(data) and data.count(0, layout.HEAD_SIZE) == len(data) - layout.HEAD_SIZE
+    finally:
+        preparer.stop()
+
+
+def test_a_segment_that_cannot_be_prepared_is_logged_and_not_offered(tmp_path: Path) -> None:
+    (tmp_path / "0000000002.seg.tmp").mkdir()  # in the way of the file it would write
+    preparer = Preparer(tmp_path, 1 << 20)
+    with capture_logs() as logs:
+        preparer.request(2)
+        wait_until(lambda: any(e["event"] == "store.preallocation_failed" for e in logs))
+        preparer.stop()
+    assert preparer.take(2) is None
+    assert [e["segment"] for e in logs if e["event"] == "store.preallocation_failed"] == [2]
