@@ -46,11 +46,12 @@ IOV_MAX = os.sysconf("SC_IOV_MAX")
 # one), and every synced write of the store waits behind it. `remove` and `release`
 # free a file this much at a time, so such a write waits for one step at most.
 REMOVE_STEP = 1 << 20
-# Work on the disk done in the background (freeing a file's blocks here, zero-filling a
-# segment ahead: preallocation.py) pauses this long after each step. Run back to back,
-# the steps of freeing one segment and filling the next kept the store's synced writes
-# waiting for 50-100 ms in a row at every new segment (messages paced at 5,000 a second,
-# 16 MiB segments: p99 2.76-2.90 ms, against 1.60-1.95 with the pauses; RabbitMQ 1.41-1.59).
+# Work on the disk done in the background (freeing a file's blocks, writing a summary or
+# snapshot here, zero-filling a segment ahead: preallocation.py) pauses this long after
+# each step. Run back to back, the steps of freeing one segment, summarizing it and
+# filling the next kept the store's synced writes waiting for 50-100 ms in a row at every
+# new segment (messages paced at 5,000 a second, 16 MiB segments: p99 2.76-2.90 ms,
+# against 1.60-1.95 with the pauses; RabbitMQ 1.41-1.59).
 BACKGROUND_PAUSE = 0.01
 # Files written whole (snapshots, summaries) are synced every this many records as they go.
 SYNC_EVERY_RECORDS = 4
@@ -181,10 +182,10 @@ def write_temporary(final: Path, kind: str, number: int, body: Iterable[bytes]) 
     """Write a file of `kind` under `final`'s `.tmp` name, its FILE_HEAD then each record of
     `body` as it comes, and fsync it; bytes written. The caller renames it into place.
 
-    Synced every SYNC_EVERY_RECORDS records on the way: on ext4 (data=ordered) the broker's
-    synced writes otherwise queue behind the writeback of the whole file at its one fsync
-    (in-place writes of 13-22 ms behind a 942,816-entry snapshot, against at most 7 ms
-    synced every 4 records of a MiB)."""
+    Synced every SYNC_EVERY_RECORDS records on the way, with a BACKGROUND_PAUSE after each:
+    on ext4 (data=ordered) the broker's synced writes otherwise queue behind the writeback
+    of the whole file at its one fsync (in-place writes of 13-22 ms behind a 942,816-entry
+    snapshot, against at most 7 ms synced every 4 records of a MiB)."""
     temporary = temporary_of(final)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
@@ -193,6 +194,7 @@ def write_temporary(final: Path, kind: str, number: int, body: Iterable[bytes]) 
             size += write_all(fd, [record], size)
             if written % SYNC_EVERY_RECORDS == 0:
                 os.fdatasync(fd)
+                time.sleep(BACKGROUND_PAUSE)
         os.fsync(fd)
     finally:
         os.close(fd)

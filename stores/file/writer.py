@@ -64,8 +64,6 @@ LAZY_WRITE_DELAY = 0.005
 IDLE_GRACE = 0.001
 # Pauses of writes in place (slow_writes.py) this long or longer are logged: the disk stalls.
 LOGGED_PAUSE = 1.0
-# How long after a segment is sealed its summary is written (`_summarize`).
-SUMMARY_DELAY = 1.0
 # Callers have waited this long with no batch finished: the disk stalls, they are failed.
 STALL_TIMEOUT = 10.0
 # How often the watchdog looks (a tenth of the timeout, at most a second).
@@ -208,7 +206,7 @@ class Writer:
         self._waited: set[Batch] = set()
         self._progress_at = time.monotonic()
         self._stall_reported = False
-        # Set once the writer stops: ends the watchdog, and cuts summaries' delay short.
+        # Set once the writer stops: ends the watchdog.
         self._closing = threading.Event()
         self._cut: list[Batch] = []
         self._seq = 1
@@ -666,10 +664,7 @@ class Writer:
             thread.start()
 
     def _summarize(self, number: int, built: summaries.Summary) -> None:
-        """A summary thread: write segment `number`'s summary, SUMMARY_DELAY after it was
-        sealed (at once if the store closes): while consumers keep up, a segment is often
-        emptied and deleted as soon as it is sealed, and then needs none."""
-        self._closing.wait(SUMMARY_DELAY)
+        """A summary thread: write segment `number`'s summary."""
         try:
             summaries.write(self.directory, number, built)
         except FileNotFoundError:

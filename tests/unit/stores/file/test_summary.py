@@ -15,7 +15,7 @@ from stores.file import FileStore, layout, summary
 from stores.file.records import HEADER_SIZE, RecordType, Scan
 from stores.file.recovery import Recovered, recover
 from stores.file.verify import verify
-from tests.unit.stores.file.test_store import message, names, record_os_calls, uri
+from tests.unit.stores.file.test_store import message, names, uri
 
 SEGMENT_BYTES = 8192  # seven 1 KiB messages a segment
 
@@ -183,27 +183,3 @@ async def test_verify_reports_a_damaged_summary_without_calling_the_store_damage
         (f"{1:010d}.sum", f"offset {layout.HEAD_SIZE}: CRC mismatch")
     ]
     assert not report.damaged and report.messages == 30, "a restart reads segment 1 instead"
-
-
-async def test_a_segment_emptied_soon_after_it_is_sealed_gets_no_summary(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A summary is written a while after its segment is sealed: consumers that keep up
-    have often emptied the segment by then, and it is deleted instead."""
-    written = record_os_calls(monkeypatch, "open", lambda path, *args: Path(path).name, [])
-    async with FileStore.from_uri(uri(tmp_path, segment_bytes=SEGMENT_BYTES)) as store:
-        saved = []
-        while not (tmp_path / f"{2:010d}.seg").exists():
-            entity = message()
-            await store.save(entity)
-            saved.append(entity.message_id)
-        for message_id in saved[:-1]:  # every message of segment 1
-            await store.finish(message_id)
-        with trio.fail_after(10):
-            while (await store.stats()).details["segments_reclaimed"] < 1:
-                await trio.sleep(0.001)
-        writer = store._writer
-        assert writer is not None
-        await trio.to_thread.run_sync(lambda: [thread.join() for thread in writer._summarizers])
-    assert f"{1:010d}.sum.tmp" not in written
-    assert not (tmp_path / f"{1:010d}.sum").exists()
