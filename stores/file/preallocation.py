@@ -45,12 +45,12 @@ FILL_STEP = 1 << 20
 _ZEROS = memoryview(bytes(FILL_STEP))
 
 
-def zeros_start(data: bytes, kind: str, start: int) -> int | None:
+def zeros_start(data: bytes, kind: str) -> int | None:
     """Where the zeros of a data segment zero-filled ahead begin, its records ending
-    there (not before `start`); None for any other file. `data` has a good FILE_HEAD."""
+    there (not before its FILE_HEAD); None for any other file. `data` has a good FILE_HEAD."""
     if kind != layout.SEGMENT or not layout.zero_filled(data):
         return None
-    return records.zeros_from(data, start)
+    return records.zeros_from(data, layout.HEAD_SIZE)
 
 
 def torn_write(damage: records.Damage, zeros: int | None) -> bool:

@@ -172,7 +172,7 @@ class _Recovery:
         data = path.read_bytes()
         problem = layout.head_problem(data, kind, number)
         # Where a zero-filled last segment's records end, and its zeros begin.
-        zeros = zeros_start(data, kind, layout.HEAD_SIZE) if last and not problem else None
+        zeros = zeros_start(data, kind) if last and not problem else None
         size = len(data) if zeros is None else zeros
         if start > size and start > layout.HEAD_SIZE:
             # The snapshot counted data up to `start` as durable: a shorter file lost acknowledged records.

@@ -80,7 +80,7 @@ def _check_file(directory: Path, kind: str, number: int, last: bool) -> FileRepo
     if problem:
         report.problems.append(f"offset 0: {problem}")
     # A zero-filled last segment (preallocation.py) ends where its zeros begin.
-    zeros = zeros_start(data, kind, layout.HEAD_SIZE) if last and not problem else None
+    zeros = zeros_start(data, kind) if last and not problem else None
     scan = records.Scan(data, layout.HEAD_SIZE, skip_damage=True, stop=zeros)
     for _ in scan:
         if scan.damages and torn_write(scan.damages[-1], zeros):

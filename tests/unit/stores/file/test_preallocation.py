@@ -38,8 +38,8 @@ def test_zeros_start_is_for_zero_filled_segments_only() -> None:
     records = b"r" * 50
     zero_filled = layout.file_head(layout.SEGMENT, 3, layout.ZERO_FILLED_VERSION) + records + bytes(4096)
     appended = layout.file_head(layout.SEGMENT, 3) + records + bytes(4096)
-    assert zeros_start(zero_filled, layout.SEGMENT, layout.HEAD_SIZE) == layout.HEAD_SIZE + 50
-    assert zeros_start(appended, layout.SEGMENT, layout.HEAD_SIZE) is None
+    assert zeros_start(zero_filled, layout.SEGMENT) == layout.HEAD_SIZE + 50
+    assert zeros_start(appended, layout.SEGMENT) is None
     assert layout.head_problem(zero_filled, layout.SEGMENT, 3) is None
     log_head = layout.file_head(layout.LOG, 3, layout.ZERO_FILLED_VERSION)
     assert layout.head_problem(log_head, layout.LOG, 3) == (
