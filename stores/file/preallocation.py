@@ -9,7 +9,8 @@ the segment size, synced FILL_STEP at a time and pausing in between
 (`layout.BACKGROUND_PAUSE`), so that the store's own synced writes never queue behind
 a long writeback. When the writer moves on to N+1 it renames the
 file into place (`take`); a segment that is not ready yet is created empty, as
-without preallocation, and the preparer moves on to the one after.
+without preallocation, and the preparer moves on to the one after. A segment that
+appends is left as soon as the next is ready (`Writer.appending`).
 
 Written in place, a segment's records no longer end where its file does, but where
 its zeros begin. A synced write that a crash cut short may have reached the disk in

@@ -224,6 +224,12 @@ class Writer:
         # Where the active segment's records end, if it was zero-filled ahead: the zeros
         # after are cut off when it is sealed or the store closes.
         self._zero_filled_end: int | None = None
+        # Whether the segment being written appends (it was not zero-filled ahead: the one
+        # a start continues or creates, or one whose successor was not ready in time).
+        # Such a segment is left for the next as soon as that is ready (`append_message`):
+        # a new or restarted store pays an appending write's cost for the second or so
+        # the first fill takes, not for a whole segment.
+        self.appending = True
         self._data_dirty = True
         self._log_generation = log_generation
         self._log_fd = log_fd
@@ -256,7 +262,8 @@ class Writer:
         """Reserve the next place in the data segments for `record`, whose MESSAGE payload
         starts with `head` (for the segment's summary); the batch that writes it."""
         with self._lock:
-            if self.end + len(record) > self.segment_bytes and self.end > layout.HEAD_SIZE:
+            full = self.end + len(record) > self.segment_bytes
+            if self.end > layout.HEAD_SIZE and (full or (self.appending and self.next_segment_ready)):
                 number = self.segment.number + 1
                 self.segment = Segment(number, layout.path_of(self.directory, layout.SEGMENT, number))
                 self.end = layout.HEAD_SIZE
@@ -622,6 +629,7 @@ class Writer:
         """Start the next segment: the one zero-filled ahead, if ready, else a new file;
         and have the one after it prepared."""
         fd = self._preparer.take(segment.number) if self._preparer is not None else None
+        self.appending = fd is None
         if fd is not None:
             segment.fd = fd
             self._zero_filled_end = layout.HEAD_SIZE

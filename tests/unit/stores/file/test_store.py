@@ -392,6 +392,47 @@ async def test_the_next_segment_is_zero_filled_ahead_written_in_place_and_cut_to
         assert (await store.stats()).details["torn_tails_truncated"] == []
 
 
+async def test_a_segment_that_appends_is_left_once_the_next_is_ready(tmp_path: Path) -> None:
+    """A new store's first segment, and the one a restart continues, append: each of their
+    synced writes changes the file's size. Once the next segment is zero-filled, saves
+    move on to it, however much room the appending one has left."""
+    segment_bytes = 4 << 20
+
+    def segment(number: int) -> Path:
+        return layout.path_of(tmp_path, layout.SEGMENT, number)
+
+    async def ready(store: FileStore) -> None:
+        with trio.fail_after(10):
+            while not (await store.stats()).details["next_segment_ready"]:
+                await trio.sleep(0.001)
+
+    saved: list[str] = []
+
+    async def save(store: FileStore) -> None:
+        entity = message()
+        await store.save(entity)
+        saved.append(entity.message_id)
+
+    async with FileStore.from_uri(uri(tmp_path, segment_bytes=segment_bytes)) as store:
+        await save(store)
+        await ready(store)
+        await save(store)
+        assert not layout.zero_filled(segment(1).read_bytes())
+        assert segment(1).stat().st_size < segment_bytes // 100, "left with nearly all its room"
+        assert layout.zero_filled(segment(2).read_bytes()), "the second save went to the zero-filled one"
+        await ready(store)
+        await save(store)
+        assert not segment(3).exists(), "a zero-filled segment is kept until it is full"
+    async with FileStore.from_uri(uri(tmp_path, segment_bytes=segment_bytes)) as store:
+        await save(store)
+        assert not segment(3).exists(), "a restart continues the last segment, appending"
+        await ready(store)
+        await save(store)
+        assert layout.zero_filled(segment(3).read_bytes()), "and leaves it once the next is ready"
+        assert all([await store.get(message_id) for message_id in saved])
+        assert (await store.stats()).details["segments_zero_filled"] == 1
+
+
 async def test_lazy_changes_share_the_next_saves_write_or_are_written_soon_after(tmp_path: Path) -> None:
     async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
         first, second = message(), message()
