@@ -10,7 +10,7 @@ import pytest
 
 from stores.file import layout, snapshot
 from stores.file.index import ENTRY
-from stores.file.layout import SYNC_EVERY_RECORDS
+from stores.file.layout import SYNC_EVERY_BYTES
 from stores.file.snapshot import Snapshot
 from tests.unit.stores.file.test_store import record_os_calls
 
@@ -30,9 +30,11 @@ def test_a_large_snapshot_is_streamed_and_synced_in_parts_as_it_is_written(
         tracemalloc.stop()
 
     assert peak < size // 3, f"held {peak} bytes at once for a {size}-byte file: streamed, not built whole"
-    records = sum(1 for _ in snapshot.encode(taken))
-    assert len(synced_at) == records // SYNC_EVERY_RECORDS > 2, "synced in parts, not once at the end"
-    assert synced_at == sorted(synced_at) and synced_at[-1] <= size
+    parts = [end - start for start, end in zip([0, *synced_at], synced_at, strict=False)]
+    assert len(parts) >= size // SYNC_EVERY_BYTES - 1 > 2, "synced in parts, not once at the end"
+    assert all(part >= SYNC_EVERY_BYTES for part in parts), f"no part smaller than a sync's worth: {parts}"
+    assert all(part < 2 * SYNC_EVERY_BYTES for part in parts), f"nor larger than two: {parts}"
+    assert synced_at[-1] <= size
     assert synced_at[0] < size // 2, "the first part is synced long before the end"
     snapshot.install(tmp_path, 3)
     loaded = snapshot.load(layout.path_of(tmp_path, layout.SNAPSHOT, 3), 3, repair=False)

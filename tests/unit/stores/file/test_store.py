@@ -221,6 +221,28 @@ def record_writing_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return record_os_calls(monkeypatch, "pwritev", lambda *args: threading.current_thread().name, [])
 
 
+async def test_a_change_of_segment_is_written_by_the_writer_thread_never_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sealing a segment and opening the next take the file system's journal (a rename, a
+    directory fsync): milliseconds that must not hold up the event loop."""
+    writes = record_os_calls(
+        monkeypatch,
+        "pwritev",
+        lambda fd, *args: (Path(os.readlink(f"/proc/self/fd/{fd}")).name, threading.current_thread().name),
+        [],
+    )
+    async with FileStore.from_uri(uri(tmp_path, segment_bytes=16 << 10, preallocate=False)) as store:
+        await store.save(message())
+        while not layout.path_of(tmp_path, layout.SEGMENT, 3).exists():
+            await store.save(message())
+    threads = {name: [thread for file, thread in writes if file == name] for name, _ in writes}
+    first, *then = threads[layout.path_of(tmp_path, layout.SEGMENT, 2).name]
+    assert first.startswith("kiteq-store-writer"), f"segment 2 begun by {first}"
+    assert "MainThread" in then, "then saves are written in place again"
+    assert threads[layout.path_of(tmp_path, layout.SEGMENT, 3).name][0].startswith("kiteq-store-writer")
+
+
 async def test_a_save_beside_ready_tasks_is_written_in_place_once_they_ran(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
