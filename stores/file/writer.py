@@ -244,7 +244,7 @@ class Writer:
         self._preparer: Preparer | None = None
         # Only where every write into a segment is synced before the next (preallocation.py).
         if preallocate and mode is not FsyncMode.NEVER and RWF_DSYNC:
-            self._preparer = Preparer(directory, segment_bytes)
+            self._preparer = Preparer(directory, segment_bytes, self._progress_toward)
             self._preparer.request(segment.number + 1)
         # Not `_thread`: compiled, the attribute's C name would be `__thread`, a C keyword.
         self._worker = threading.Thread(target=self._run, name=f"kiteq-store-writer:{directory}", daemon=True)
@@ -404,6 +404,13 @@ class Writer:
     def next_segment_ready(self) -> bool:
         """Whether the segment after the current one is zero-filled and ready (preallocation.py)."""
         return self._preparer is not None and self._preparer.ready == self.segment.number + 1
+
+    def _progress_toward(self, number: int) -> float:
+        """How far writes are through the segment before `number`, 0.0 to 1.0 (read by the
+        preparer's thread): 1.0 once they need it, or while they append (`appending`)."""
+        if self.appending or self.segment.number >= number:
+            return 1.0
+        return self.end / self.segment_bytes
 
     def settled(self) -> bool:
         """True when everything appended so far is as durable as the mode makes it."""

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from stores.file import layout
-from stores.file.preallocation import WRITE_SPAN, Preparer, torn_write, zeros_start
+from stores.file import layout, preallocation
+from stores.file.preallocation import WRITE_SPAN, Preparer, step_due, torn_write, zeros_start
 from stores.file.records import Damage
 
 SPAN = WRITE_SPAN
@@ -85,8 +85,63 @@ def wait_until(condition: Callable[[], bool]) -> None:
         time.sleep(0.001)
 
 
+def needed_now(number: int) -> float:
+    """Writes need every segment asked for at once: it is filled flat out."""
+    return 1.0
+
+
+@pytest.mark.parametrize(
+    ("writer_at", "writer_rate", "filled", "fill_rate", "idle", "due", "why"),
+    [
+        (1.0, 0.0, 0.2, 1.0, 0.0, True, "writes need it now"),
+        (0.5, 0.1, 0.2, 1.0, 0.0, True, "writes are halfway through the one before"),
+        (0.1, 0.1, 0.0, 0.0, 0.0, True, "its speed is not known before its first step"),
+        (0.1, 0.0, 0.2, 1.0, 0.0, False, "writes stand still"),
+        (0.1, 0.0, 0.2, 1.0, 0.1, True, "an idle store's fill still steps every IDLE_STEP_EVERY"),
+        # 5,000 messages a second: a segment in 12 s; flat out, filling the rest takes 0.8 s.
+        (0.1, 1 / 12, 0.2, 1.0, 0.0, False, "4.8 s before writes are halfway, 1.2 s of work"),
+        (0.45, 1 / 12, 0.2, 1.0, 0.0, True, "0.6 s before writes are halfway, 1.2 s of work"),
+        # 50,000 a second: a segment in 1.2 s, faster than a fill goes.
+        (0.1, 1 / 1.2, 0.2, 1.0, 0.0, True, "0.48 s left, 1.2 s of work: flat out"),
+    ],
+)
+def test_a_fill_steps_when_finishing_by_halfway_needs_it(
+    writer_at: float, writer_rate: float, filled: float, fill_rate: float, idle: float, due: bool, why: str
+) -> None:
+    assert step_due(writer_at, writer_rate, filled, fill_rate, idle) is due, why
+
+
+def test_a_fill_waits_while_writes_stand_still_and_goes_on_once_they_need_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(preallocation, "PACE_CHECK", 0.001)
+    monkeypatch.setattr(preallocation, "IDLE_STEP_EVERY", 60.0)
+    writer = {"at": 0.0, "looks": 0}
+
+    def progress(number: int) -> float:
+        assert number == 2
+        writer["looks"] += 1
+        return writer["at"]
+
+    size = 8 * preallocation.FILL_STEP
+    temporary = tmp_path / "0000000002.seg.tmp"
+    preparer = Preparer(tmp_path, size, progress)
+    try:
+        preparer.request(2)
+        wait_until(lambda: writer["looks"] >= 5)
+        looks = writer["looks"]
+        wait_until(lambda: writer["looks"] >= looks + 5)
+        assert temporary.stat().st_size == preallocation.FILL_STEP, "one step (its speed), then it waits"
+        assert preparer.ready is None
+        writer["at"] = 1.0
+        wait_until(lambda: preparer.ready == 2)
+        assert temporary.stat().st_size == size
+    finally:
+        preparer.stop()
+
+
 def test_a_segment_asked_for_instead_is_prepared_and_the_other_deleted(tmp_path: Path) -> None:
-    preparer = Preparer(tmp_path, 4 << 20)
+    preparer = Preparer(tmp_path, 4 << 20, needed_now)
     try:
         preparer.request(2)
         preparer.request(3)
@@ -105,7 +160,7 @@ def test_a_segment_asked_for_instead_is_prepared_and_the_other_deleted(tmp_path:
 
 def test_a_segment_that_cannot_be_prepared_is_logged_and_not_offered(tmp_path: Path) -> None:
     (tmp_path / "0000000002.seg.tmp").mkdir()  # in the way of the file it would write
-    preparer = Preparer(tmp_path, 1 << 20)
+    preparer = Preparer(tmp_path, 1 << 20, needed_now)
     with capture_logs() as logs:
         preparer.request(2)
         wait_until(lambda: any(e["event"] == "store.preallocation_failed" for e in logs))
