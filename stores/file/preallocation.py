@@ -56,10 +56,8 @@ FILL_PAUSE = layout.BACKGROUND_PAUSE * FILL_STEP / (1 << 20)
 # take the time left until then divided by MARGIN, or more.
 DONE_BY = 0.5
 MARGIN = 1.5
-# However idle the writer, a fill takes a step at least this often (64 MiB in about 50 s).
-IDLE_STEP_EVERY = 0.1
 # How often a fill that is ahead looks at the writer's progress again, and the shortest
-# span over which the writer's recent rate is taken.
+# span over which the writer's recent rate is taken (none over it: the writer is idle).
 PACE_CHECK = 0.02
 RECENT = 0.1
 _ZEROS = memoryview(bytes(FILL_STEP))
@@ -73,48 +71,51 @@ def zeros_start(data: bytes, kind: str) -> int | None:
     return records.zeros_from(data, layout.HEAD_SIZE)
 
 
-def step_due(writer_at: float, writer_rate: float, filled: float, fill_rate: float, idle: float) -> bool:
+def step_due(writer_at: float, writer_rate: float, filled: float, fill_rate: float) -> bool:
     """Whether a fill takes its next step now. Shares of a segment, rates per second:
     `writer_at` how far writes are through the segment before (1.0: they need this one),
-    `writer_rate` how fast they go, `filled` how much of this one is filled, `fill_rate`
-    how fast the fill went while it ran, `idle` seconds since its last step.
+    `writer_rate` how fast they go (0.0: they stand still), `filled` how much of this
+    one is filled, `fill_rate` how fast the fill went while it ran.
 
     Flat out, a fill put its zeros on the disk just as the writer changed segments,
     beside the summary of the sealed one and the freeing of an emptied one: for about a
     second, the store's synced writes waited behind its steps (messages paced at 5,000 a
     second: p50 0.9-1.3 ms, against 0.6). Paced, a segment filling at that rate is
     zero-filled over half its time; one filling faster than a fill can go (a backlog
-    built at 50,000 messages a second) still gets it flat out."""
-    if writer_at >= DONE_BY or fill_rate <= 0.0 or idle >= IDLE_STEP_EVERY:
+    built at 50,000 messages a second) still gets it flat out. So does a writer standing
+    still: there is nothing to disturb, and a burst after the lull then finds the
+    segment ready, not a fill paced for the slow writes before the lull."""
+    if writer_at >= DONE_BY or fill_rate <= 0.0 or writer_rate <= 0.0:
         return True
-    if writer_rate <= 0.0:
-        return False
     return MARGIN * (1.0 - filled) / fill_rate >= (DONE_BY - writer_at) / writer_rate
 
 
 class _Pace:
     """What one fill knows of its own speed and of the writer's, for `step_due`."""
 
-    __slots__ = ("busy", "last_step", "sample", "started")
+    __slots__ = ("busy", "recent", "sample", "started")
 
     def __init__(self, now: float, writer_at: float) -> None:
         self.started = self.sample = (now, writer_at)
+        self.recent: float | None = None  # the rate over the last RECENT seconds or more
         self.busy = 0.0  # seconds spent in steps and their pauses
-        self.last_step = now
 
     def writer_rate(self, now: float, writer_at: float) -> float:
-        """The greater of the writer's rate since the fill began and over the last RECENT
-        seconds or more: a burst after a lull is seen at once."""
+        """The writer's rate: 0.0 if it stood still over the last RECENT seconds or more,
+        else the greater of its rate since the fill began and that recent one (a burst
+        after a lull is seen at once)."""
         (began, began_at), (sampled, sampled_at) = self.started, self.sample
-        average = (writer_at - began_at) / (now - began) if now > began else 0.0
-        if now - sampled < RECENT:
-            return average
-        self.sample = (now, writer_at)
-        return max(average, (writer_at - sampled_at) / (now - sampled))
+        if now - sampled >= RECENT:
+            self.recent = (writer_at - sampled_at) / (now - sampled)
+            self.sample = (now, writer_at)
+        if self.recent is None:
+            return (writer_at - began_at) / (now - began) if now > began else 1.0
+        if self.recent <= 0.0:
+            return 0.0
+        return max(self.recent, (writer_at - began_at) / (now - began))
 
-    def stepped(self, started: float, now: float) -> None:
-        self.busy += now - started
-        self.last_step = now
+    def stepped(self, seconds: float) -> None:
+        self.busy += seconds
 
 
 def torn_write(damage: records.Damage, zeros: int | None) -> bool:
@@ -232,7 +233,7 @@ class Preparer:
                 offset += os.pwrite(fd, _ZEROS[: step_end - offset], offset)
                 os.fdatasync(fd)
                 time.sleep(FILL_PAUSE)
-                pace.stepped(started, time.monotonic())
+                pace.stepped(time.monotonic() - started)
         except _Abandoned:
             self._discard(number, fd)
             return None
@@ -251,8 +252,7 @@ class Preparer:
                 writer_at = self._progress(number)
                 filled = offset / self._size
                 fill_rate = filled / pace.busy if pace.busy else 0.0
-                rate = pace.writer_rate(now, writer_at)
-                if step_due(writer_at, rate, filled, fill_rate, now - pace.last_step):
+                if step_due(writer_at, pace.writer_rate(now, writer_at), filled, fill_rate):
                     return
                 self._cond.wait(PACE_CHECK)
 

@@ -91,51 +91,74 @@ def needed_now(number: int) -> float:
 
 
 @pytest.mark.parametrize(
-    ("writer_at", "writer_rate", "filled", "fill_rate", "idle", "due", "why"),
+    ("writer_at", "writer_rate", "filled", "fill_rate", "due", "why"),
     [
-        (1.0, 0.0, 0.2, 1.0, 0.0, True, "writes need it now"),
-        (0.5, 0.1, 0.2, 1.0, 0.0, True, "writes are halfway through the one before"),
-        (0.1, 0.1, 0.0, 0.0, 0.0, True, "its speed is not known before its first step"),
-        (0.1, 0.0, 0.2, 1.0, 0.0, False, "writes stand still"),
-        (0.1, 0.0, 0.2, 1.0, 0.1, True, "an idle store's fill still steps every IDLE_STEP_EVERY"),
+        (1.0, 0.5, 0.2, 1.0, True, "writes need it now"),
+        (0.5, 0.1, 0.2, 1.0, True, "writes are halfway through the one before"),
+        (0.1, 0.1, 0.0, 0.0, True, "its speed is not known before its first step"),
+        (0.1, 0.0, 0.2, 1.0, True, "writes stand still: nothing to disturb"),
         # 5,000 messages a second: a segment in 12 s; flat out, filling the rest takes 0.8 s.
-        (0.1, 1 / 12, 0.2, 1.0, 0.0, False, "4.8 s before writes are halfway, 1.2 s of work"),
-        (0.45, 1 / 12, 0.2, 1.0, 0.0, True, "0.6 s before writes are halfway, 1.2 s of work"),
+        (0.1, 1 / 12, 0.2, 1.0, False, "4.8 s before writes are halfway, 1.2 s of work"),
+        (0.45, 1 / 12, 0.2, 1.0, True, "0.6 s before writes are halfway, 1.2 s of work"),
         # 50,000 a second: a segment in 1.2 s, faster than a fill goes.
-        (0.1, 1 / 1.2, 0.2, 1.0, 0.0, True, "0.48 s left, 1.2 s of work: flat out"),
+        (0.1, 1 / 1.2, 0.2, 1.0, True, "0.48 s left, 1.2 s of work: flat out"),
     ],
 )
 def test_a_fill_steps_when_finishing_by_halfway_needs_it(
-    writer_at: float, writer_rate: float, filled: float, fill_rate: float, idle: float, due: bool, why: str
+    writer_at: float, writer_rate: float, filled: float, fill_rate: float, due: bool, why: str
 ) -> None:
-    assert step_due(writer_at, writer_rate, filled, fill_rate, idle) is due, why
+    assert step_due(writer_at, writer_rate, filled, fill_rate) is due, why
 
 
-def test_a_fill_waits_while_writes_stand_still_and_goes_on_once_they_need_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(preallocation, "PACE_CHECK", 0.001)
-    monkeypatch.setattr(preallocation, "IDLE_STEP_EVERY", 60.0)
-    writer = {"at": 0.0, "looks": 0}
+def watched_fill(
+    tmp_path: Path, size: int, writer_at: Callable[[], float]
+) -> tuple[Preparer, dict[str, int]]:
+    """A preparer of segment 2, the writer's progress toward it given by `writer_at`."""
+    looks = {"count": 0}
 
     def progress(number: int) -> float:
         assert number == 2
-        writer["looks"] += 1
-        return writer["at"]
+        looks["count"] += 1
+        return writer_at()
+
+    preparer = Preparer(tmp_path, size, progress)
+    preparer.request(2)
+    return preparer, looks
+
+
+def test_a_fill_waits_while_writes_go_slowly_and_goes_on_once_they_need_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(preallocation, "PACE_CHECK", 0.001)
+    began = time.monotonic()
+    needed = {"now": False}
+
+    def writer_at() -> float:  # a hundredth of a segment a second, until it needs the next
+        return 1.0 if needed["now"] else 0.01 * (time.monotonic() - began)
 
     size = 8 * preallocation.FILL_STEP
     temporary = tmp_path / "0000000002.seg.tmp"
-    preparer = Preparer(tmp_path, size, progress)
+    preparer, looks = watched_fill(tmp_path, size, writer_at)
     try:
-        preparer.request(2)
-        wait_until(lambda: writer["looks"] >= 5)
-        looks = writer["looks"]
-        wait_until(lambda: writer["looks"] >= looks + 5)
+        wait_until(lambda: looks["count"] >= 5)
+        seen = looks["count"]
+        wait_until(lambda: looks["count"] >= seen + 200)  # past RECENT: the rate is known
         assert temporary.stat().st_size == preallocation.FILL_STEP, "one step (its speed), then it waits"
         assert preparer.ready is None
-        writer["at"] = 1.0
+        needed["now"] = True
         wait_until(lambda: preparer.ready == 2)
         assert temporary.stat().st_size == size
+    finally:
+        preparer.stop()
+
+
+def test_a_fill_goes_flat_out_while_writes_stand_still(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(preallocation, "PACE_CHECK", 0.001)
+    preparer, _ = watched_fill(tmp_path, 8 * preallocation.FILL_STEP, lambda: 0.1)
+    try:
+        wait_until(lambda: preparer.ready == 2)
     finally:
         preparer.stop()
 
