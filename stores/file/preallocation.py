@@ -101,9 +101,9 @@ class _Pace:
         self.busy = 0.0  # seconds spent in steps and their pauses
 
     def writer_rate(self, now: float, writer_at: float) -> float:
-        """The writer's rate: 0.0 if it stood still over the last RECENT seconds or more,
-        else the greater of its rate since the fill began and that recent one (a burst
-        after a lull is seen at once)."""
+        """The writer's rate: 0.0 if it stood still over the last RECENT seconds or more
+        (or, in the fill's first RECENT seconds, since it began), else the greater of its
+        rate since the fill began and that recent one (a burst after a lull is seen at once)."""
         (began, began_at), (sampled, sampled_at) = self.started, self.sample
         if now - sampled >= RECENT:
             self.recent = (writer_at - sampled_at) / (now - sampled)
