@@ -222,14 +222,8 @@ class Writer:
         # synced, so they count as dirty until the first full fdatasync (see _write_range).
         self._active: Segment | None = segment if segment.fd is not None else None
         # Where the active segment's records end, if it was zero-filled ahead: the zeros
-        # after are cut off when it is sealed or the store closes.
+        # after are cut off when it is sealed or the store closes. None: it appends.
         self._zero_filled_end: int | None = None
-        # Whether the segment being written appends (it was not zero-filled ahead: the one
-        # a start continues or creates, or one whose successor was not ready in time).
-        # Such a segment is left for the next as soon as that is ready (`append_message`):
-        # a new or restarted store pays an appending write's cost for the second or so
-        # the first fill takes, not for a whole segment.
-        self.appending = True
         self._data_dirty = True
         self._log_generation = log_generation
         self._log_fd = log_fd
@@ -399,6 +393,16 @@ class Writer:
                 detail=f"batches go through the writer thread for the next {pause:.3g} s",
             )
         self._finished([batch])
+
+    @property
+    def appending(self) -> bool:
+        """Whether the segment being written appends (it was not zero-filled ahead: the one
+        a start continues or creates, or one whose successor was not ready in time). Such
+        a segment is left for the next as soon as that is ready (`append_message`): a new
+        or restarted store pays an appending write's cost for the second or so the first
+        fill takes, not for a whole segment. (Writer-thread state, read from the Trio
+        thread and the preparer's: a stale answer costs one more append or check.)"""
+        return self._zero_filled_end is None
 
     @property
     def next_segment_ready(self) -> bool:
@@ -649,7 +653,6 @@ class Writer:
         """Start the next segment: the one zero-filled ahead, if ready, else a new file;
         and have the one after it prepared."""
         fd = self._preparer.take(segment.number) if self._preparer is not None else None
-        self.appending = fd is None
         if fd is not None:
             segment.fd = fd
             self._zero_filled_end = layout.HEAD_SIZE
