@@ -125,6 +125,20 @@ def torn_write(damage: records.Damage, zeros: int | None) -> bool:
     return damage.torn_tail or (zeros is not None and zeros - damage.offset <= WRITE_SPAN)
 
 
+def split_damage(
+    damages: list[records.Damage], zeros: int | None, last: bool
+) -> tuple[list[records.Damage], records.Damage | None]:
+    """A file's damage before its torn write, and that torn write (None if it has none).
+
+    Only the last file of its kind may have one (`torn_write`), and what lies after it is
+    what is left of that write, never acknowledged: recovery truncates there, `verify`
+    reports it as the torn tail. The damage before it is damage either way."""
+    for index, damage in enumerate(damages):
+        if last and torn_write(damage, zeros):
+            return damages[:index], damage
+    return damages, None
+
+
 class _Abandoned(Exception):
     """The segment being filled is no longer wanted."""
 

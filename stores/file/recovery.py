@@ -44,7 +44,7 @@ from stores.file import summary as summaries
 from stores.file.index import ENTRY, Index, unpack
 from stores.file.messages import head_of
 from stores.file.ops import decode_op
-from stores.file.preallocation import torn_write, zeros_start
+from stores.file.preallocation import split_damage, torn_write, zeros_start
 from stores.file.records import RecordType
 from stores.file.segment import Segment
 from stores.file.summary import Summary
@@ -200,16 +200,16 @@ class _Recovery:
             except (ValueError, struct.error, UnicodeDecodeError) as exc:
                 self._damaged(path, offset, f"unreadable {_type_name(rtype)} record ({exc})")
             self.records += 1
-        cut = zeros
-        for damage in scan.damages:
-            if last and torn_write(damage, zeros):
-                self._torn(path, damage.offset, len(data) if zeros is None else zeros, damage.reason)
-                cut = damage.offset
-                break
+        damages, torn = split_damage(scan.damages, zeros, last)
+        for damage in damages:
             if damage.torn_tail:
                 self._damaged(path, damage.offset, f"{damage.reason} at the end of a sealed file")
             else:
                 self._damaged(path, damage.offset, f"{damage.reason}; good records follow at {damage.resume}")
+        cut = zeros
+        if torn is not None:
+            self._torn(path, torn.offset, len(data) if zeros is None else zeros, torn.reason)
+            cut = torn.offset
         if cut is not None and cut < len(data) and not self.read_only:
             if cut == zeros:
                 self.log.info("store.unused_space_cut", file=str(path), offset=cut, bytes=len(data) - cut)

@@ -18,7 +18,7 @@ from stores.file import layout, records
 from stores.file.index import unpack
 from stores.file.lock import DirectoryLock
 from stores.file.messages import decode_message
-from stores.file.preallocation import torn_write, zeros_start
+from stores.file.preallocation import split_damage, torn_write, zeros_start
 from stores.file.recovery import recover
 
 
@@ -86,16 +86,18 @@ def _check_file(directory: Path, kind: str, number: int, last: bool) -> FileRepo
         if scan.damages and torn_write(scan.damages[-1], zeros):
             break
         report.records += 1
-    for damage in scan.damages:
+    damages, torn = split_damage(scan.damages, zeros, last)
+    for damage in damages:
         where = f"offset {damage.offset}: {damage.reason}"
-        end = len(data) if zeros is None else zeros
-        if last and torn_write(damage, zeros):
-            report.torn_tail = f"{where} ({end - damage.offset} bytes, truncated at the next start)"
-            break
         if damage.torn_tail:
             report.problems.append(f"{where} up to the end of a sealed file")
         else:
             report.problems.append(f"{where}; good records resume at {damage.resume}")
+    if torn is not None:
+        end = len(data) if zeros is None else zeros
+        report.torn_tail = (
+            f"offset {torn.offset}: {torn.reason} ({end - torn.offset} bytes, truncated at the next start)"
+        )
     return report
 
 

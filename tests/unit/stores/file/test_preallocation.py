@@ -12,7 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from stores.file import layout, preallocation
-from stores.file.preallocation import WRITE_SPAN, Preparer, step_due, torn_write, zeros_start
+from stores.file.preallocation import WRITE_SPAN, Preparer, split_damage, step_due, torn_write, zeros_start
 from stores.file.records import Damage
 
 SPAN = WRITE_SPAN
@@ -32,6 +32,28 @@ def test_a_torn_write_is_damage_with_nothing_good_after_it_or_within_the_last_sp
     damage: Damage, zeros: int | None, torn: bool
 ) -> None:
     assert torn_write(damage, zeros) is torn
+
+
+TAIL = Damage(500, None, "bad magic")
+MIDDLE = Damage(100, 200, "CRC mismatch")
+NEAR_ZEROS = Damage(300, 400, "CRC mismatch")
+
+
+@pytest.mark.parametrize(
+    ("damages", "zeros", "last", "before", "torn"),
+    [
+        ([MIDDLE, NEAR_ZEROS], 300 + SPAN, True, [MIDDLE], NEAR_ZEROS),  # good records after it
+        ([MIDDLE, NEAR_ZEROS], 300 + SPAN, False, [MIDDLE, NEAR_ZEROS], None),  # not the last file
+        ([MIDDLE, TAIL], None, True, [MIDDLE], TAIL),  # an appended file's torn tail
+        ([MIDDLE, TAIL], None, False, [MIDDLE, TAIL], None),  # a sealed file's: damage
+        ([MIDDLE, NEAR_ZEROS], 301 + SPAN, True, [MIDDLE, NEAR_ZEROS], None),  # all further back
+        ([], None, True, [], None),
+    ],
+)
+def test_a_files_damage_ends_at_its_torn_write(
+    damages: list[Damage], zeros: int | None, last: bool, before: list[Damage], torn: Damage | None
+) -> None:
+    assert split_damage(damages, zeros, last) == (before, torn)
 
 
 def test_zeros_start_is_for_zero_filled_segments_only() -> None:
