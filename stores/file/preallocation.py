@@ -5,9 +5,9 @@ for it: on ext4 here, a 5 KB write with RWF_DSYNC took 168-187 µs appended agai
 91-104 µs written over space already written, and 95-111 against 63-69 µs of CPU.
 So while the writer fills segment N, a preparer thread writes segment N+1 whole
 under its `.tmp` name: a FILE_HEAD of format ZERO_FILLED_VERSION, then zeros up to
-the segment size, synced FILL_STEP at a time and pausing in between
-(FILL_PAUSE), so that the store's own synced writes never queue behind a long
-writeback. When the writer moves on to N+1 it renames the
+the segment size, synced FILL_STEP at a time and, unless it is late, pausing in
+between (`pause_after_step`), so that the store's own synced writes never queue behind
+a long writeback. When the writer moves on to N+1 it renames the
 file into place (`take`); a segment that is not ready yet is created empty, as
 without preallocation, and the preparer moves on to the one after. A segment that
 appends is left as soon as the next is ready (`Writer.appending`).
@@ -47,9 +47,9 @@ WRITE_SPAN = 1 << 20
 # messages paced at 5,000 a second had a p99 of 3.5-4.4 ms against 2.2-2.3 with 128 KiB
 # (64 KiB, more flushes, did no better).
 FILL_STEP = 128 << 10
-# The pause after each step: `layout.BACKGROUND_PAUSE` a MiB, so the fill is as fast as
-# with steps of a MiB (a segment of 64 MiB in about a second, which a backlog being built
-# at 50,000 messages a second needs).
+# The pause after each step while the fill is on time (`pause_after_step`):
+# `layout.BACKGROUND_PAUSE` a MiB, as with steps of a MiB (a segment of 64 MiB in about a
+# second at best).
 FILL_PAUSE = layout.BACKGROUND_PAUSE * FILL_STEP / (1 << 20)
 # A fill keeps pace with the writer (`step_due`): it is to be done once writes are this
 # far through the segment before it, and takes a step whenever finishing flat out would
@@ -88,6 +88,20 @@ def step_due(writer_at: float, writer_rate: float, filled: float, fill_rate: flo
     if writer_at >= DONE_BY or fill_rate <= 0.0 or writer_rate <= 0.0:
         return True
     return MARGIN * (1.0 - filled) / fill_rate >= (DONE_BY - writer_at) / writer_rate
+
+
+def pause_after_step(writer_at: float) -> float:
+    """Seconds a fill pauses after a step, `writer_at` being how far writes are through
+    the segment before (as for `step_due`).
+
+    On time, it pauses (FILL_PAUSE), so that the store's synced writes rarely queue behind
+    one of its steps. Late (writes are past DONE_BY, or need the segment, or append while
+    they wait for it), it does not: paused, a fill moved about 47 MB a second beside a
+    backlog being built at 42,000 messages a second (50 MB a second), so every other
+    segment appended, and an appended write took twice as long on the event loop as one
+    into zeros (0.33 ms against 0.15 at the median). Without the pauses once late, every
+    segment but a new store's first was zero-filled, and the sends went 8-10 % faster."""
+    return 0.0 if writer_at >= DONE_BY else FILL_PAUSE
 
 
 class _Pace:
@@ -246,7 +260,7 @@ class Preparer:
                 step_end = min(self._size, (offset // FILL_STEP + 1) * FILL_STEP)
                 offset += os.pwrite(fd, _ZEROS[: step_end - offset], offset)
                 os.fdatasync(fd)
-                time.sleep(FILL_PAUSE)
+                time.sleep(pause_after_step(self._progress(number)))
                 pace.stepped(time.monotonic() - started)
         except _Abandoned:
             self._discard(number, fd)

@@ -12,7 +12,15 @@ import pytest
 from structlog.testing import capture_logs
 
 from stores.file import layout, preallocation
-from stores.file.preallocation import WRITE_SPAN, Preparer, split_damage, step_due, torn_write, zeros_start
+from stores.file.preallocation import (
+    WRITE_SPAN,
+    Preparer,
+    pause_after_step,
+    split_damage,
+    step_due,
+    torn_write,
+    zeros_start,
+)
 from stores.file.records import Damage
 
 SPAN = WRITE_SPAN
@@ -130,6 +138,29 @@ def test_a_fill_steps_when_finishing_by_halfway_needs_it(
     writer_at: float, writer_rate: float, filled: float, fill_rate: float, due: bool, why: str
 ) -> None:
     assert step_due(writer_at, writer_rate, filled, fill_rate) is due, why
+
+
+@pytest.mark.parametrize(
+    ("writer_at", "pause", "why"),
+    [
+        (0.0, preallocation.FILL_PAUSE, "writes have just begun the segment before: on time"),
+        (preallocation.DONE_BY - 0.01, preallocation.FILL_PAUSE, "not yet due to be done"),
+        (preallocation.DONE_BY, 0.0, "due to be done: late"),
+        (1.0, 0.0, "writes need it, or append while they wait for it"),
+    ],
+)
+def test_a_fill_pauses_after_each_step_only_while_on_time(writer_at: float, pause: float, why: str) -> None:
+    assert pause_after_step(writer_at) == pause, why
+
+
+def test_a_late_fill_does_not_pause(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(preallocation, "FILL_PAUSE", 30.0)  # one pause outlasts the wait (10 s)
+    preparer = Preparer(tmp_path, 8 * preallocation.FILL_STEP, lambda number: preallocation.DONE_BY)
+    try:
+        preparer.request(2)
+        wait_until(lambda: preparer.ready == 2)
+    finally:
+        preparer.stop()
 
 
 def watched_fill(
