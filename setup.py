@@ -55,6 +55,7 @@ COMPILED = [
     "kiteq/server/handlers.py",
     "kiteq/server/connection.py",
     "kiteq/transport.py",
+    "stores/idle.py",
     "stores/memory.py",
     "stores/file/store.py",
     "stores/file/writer.py",

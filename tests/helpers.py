@@ -1,4 +1,4 @@
-"""Shared test harness: an in-process broker on free ports, and recording listeners."""
+"""Shared test harness: an in-process broker on free ports, recording listeners, event-loop instruments."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import contextlib
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -15,6 +15,8 @@ from kiteq.config import load_config
 from kiteq.server.broker import Broker
 
 FAST_POLL = 0.05
+
+InstrumentT = TypeVar("InstrumentT", bound=trio.abc.Instrument)
 
 
 def registry_uri(tmp_path: Path) -> str:
@@ -123,3 +125,30 @@ class TaskSteps(trio.abc.Instrument):
             self.steps += 1
             if self.observe is not None:
                 self.seen.append(self.observe())
+
+
+async def instrumented(instrument: InstrumentT, run: Callable[[], Awaitable[None]]) -> InstrumentT:
+    """`instrument` after watching the event loop while `run()` is awaited."""
+    trio.lowlevel.add_instrument(instrument)
+    try:
+        await run()
+    finally:
+        trio.lowlevel.remove_instrument(instrument)
+    return instrument
+
+
+class Yields(trio.abc.Instrument):
+    """Counts how often `task` is resumed: once per time it yielded to the event loop."""
+
+    def __init__(self, task: trio.lowlevel.Task) -> None:
+        self.task = task
+        self.count = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task is self.task:
+            self.count += 1
+
+
+async def yields_in(wait: Callable[[], Awaitable[None]]) -> int:
+    """How often the calling task yields while awaiting `wait()`."""
+    return (await instrumented(Yields(trio.lowlevel.current_task()), wait)).count

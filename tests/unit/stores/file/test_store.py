@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,9 +21,9 @@ from stores.file import FileStore, forked, layout
 from stores.file.records import HEADER_SIZE, Scan
 from stores.file.slow_writes import SlowWriteBudget
 from stores.file.writer import RWF_DSYNC
+from tests.helpers import instrumented, yields_in
 from tests.unit.stores.file.test_forked import reaped, refuse_to_fork
 
-InstrumentT = TypeVar("InstrumentT", bound=trio.abc.Instrument)
 Seen = TypeVar("Seen")
 
 
@@ -144,16 +144,6 @@ async def lone_saves_waiting_on_the_writer_thread(store: FileStore, saves: int) 
     return (await instrumented(BlockingWaits(), save_them)).count
 
 
-async def instrumented(instrument: InstrumentT, run: Callable[[], Awaitable[None]]) -> InstrumentT:
-    """`instrument` after watching the event loop while `run()` is awaited."""
-    trio.lowlevel.add_instrument(instrument)
-    try:
-        await run()
-    finally:
-        trio.lowlevel.remove_instrument(instrument)
-    return instrument
-
-
 async def test_a_slow_write_in_place_sends_later_saves_to_the_writer_thread(tmp_path: Path) -> None:
     async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
         await store.save(message())
@@ -168,23 +158,6 @@ async def test_a_slow_write_in_place_sends_later_saves_to_the_writer_thread(tmp_
         assert await lone_saves_waiting_on_the_writer_thread(store, 3) == 3, "then each waits for the thread"
         details = (await store.stats()).details
     assert details["fsyncs"] >= 5, "each save still synced before it returned"
-
-
-class Yields(trio.abc.Instrument):
-    """Counts how often `task` is resumed: once per time it yielded to the event loop."""
-
-    def __init__(self, task: trio.lowlevel.Task) -> None:
-        self.task = task
-        self.count = 0
-
-    def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        if task is self.task:
-            self.count += 1
-
-
-async def yields_in(wait: Callable[[], Awaitable[None]]) -> int:
-    """How often the calling task yields while awaiting `wait()`."""
-    return (await instrumented(Yields(trio.lowlevel.current_task()), wait)).count
 
 
 async def test_a_lone_save_is_durable_without_a_turn_of_the_event_loop(tmp_path: Path) -> None:

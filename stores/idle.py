@@ -1,0 +1,30 @@
+"""A store-ack that could go out at once lets the tasks ready to run go first.
+
+The memory store's store-ack, and the file store's when it writes a lone batch in place,
+wait until no other task is ready to run, for at most IDLE_GRACE. So the deliveries and
+answers that came in beside a save run before the producer hears of it, and a producer
+acked the moment its message is stored cannot outrun the broker's own work. A consumer
+that is slow or stuck holds up no store-ack this way: its lane is full, so nothing of it
+is ready to run.
+"""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+# How long a store-ack waits for the event loop to go idle: while tasks keep the loop busy
+# that long, the broker is busy enough for the ack to wait no longer (and the file store's
+# writer thread takes the batch).
+IDLE_GRACE = 0.001
+
+
+def others_ready() -> bool:
+    """Whether tasks other than the calling one are ready to run."""
+    return trio.lowlevel.current_statistics().tasks_runnable > 0
+
+
+async def once_others_ran(grace: float = IDLE_GRACE) -> None:
+    """Return once no other task is ready to run, or after `grace` seconds."""
+    with trio.move_on_after(grace):
+        await trio.testing.wait_all_tasks_blocked()
