@@ -1,11 +1,11 @@
 """A store-ack that could go out at once lets the tasks ready to run go first.
 
-The memory store's store-ack, and the file store's when it writes a lone batch in place,
-wait until no other task is ready to run, for at most IDLE_GRACE. So the deliveries and
-answers that came in beside a save run before the producer hears of it, and a producer
-acked the moment its message is stored cannot outrun the broker's own work. A consumer
-that is slow or stuck holds up no store-ack this way: its lane is full, so nothing of it
-is ready to run.
+The file store writes a lone batch in place (writer.py), and the broker acks what a store
+with nothing to sync has saved (kiteq/server/handlers.py), only once no other task is
+ready to run, or after IDLE_GRACE. So the deliveries and answers that came in beside a
+save run before the producer hears of it, and a producer acked the moment its message is
+stored cannot outrun the broker's own work. A consumer that is slow or stuck holds up no
+store-ack this way: its lane is full, so nothing of it is ready to run.
 """
 
 from __future__ import annotations
@@ -24,7 +24,13 @@ def others_ready() -> bool:
     return trio.lowlevel.current_statistics().tasks_runnable > 0
 
 
-async def once_others_ran(grace: float = IDLE_GRACE) -> None:
-    """Return once no other task is ready to run, or after `grace` seconds."""
-    with trio.move_on_after(grace):
+async def once_others_ran() -> None:
+    """Return once no other task is ready to run, or after IDLE_GRACE seconds."""
+    with trio.move_on_after(IDLE_GRACE):
         await trio.testing.wait_all_tasks_blocked()
+
+
+async def after_ready_tasks() -> None:
+    """`once_others_ran`, yielding only if other tasks are ready: alone, it costs no turn."""
+    if others_ready():
+        await once_others_ran()

@@ -15,8 +15,7 @@ from collections.abc import Callable, Collection, Container, Iterable, Iterator,
 
 import trio
 
-from stores import idle
-from stores.base import Cursor, MessageStore, Page, Stage, Staged, StoreStats, stage_walk
+from stores.base import Cursor, MessageStore, Page, Stage, StoreStats, stage_walk
 from stores.entity import MessageEntity
 from stores.schedule import PROMOTE_STEP, Schedule, ScheduledCounts, scheduled_at
 from stores.sortedids import SortedIds
@@ -99,16 +98,6 @@ class MemoryStore(MessageStore):
 
     async def save_many(self, entities: Sequence[MessageEntity]) -> list[bool]:
         return [await self.save(entity) for entity in entities]
-
-    async def stage_many(self, entities: Sequence[MessageEntity]) -> Staged:
-        """Saved at once; `durable()` returns once the tasks ready to run have run (stores/idle.py).
-
-        Acked the moment they were stored, a producer's window of sends outran the consumer
-        end to end, and what it sent waited in the broker: unthrottled, p50 3.7-6.3 ms and
-        p99 16-34 ms, against 1.9-2.2 and 5.1-5.2 with the wait, at 32,000-35,000 messages
-        a second instead of 33,000-39,000 (the file store: 23,000-25,000, p50 2.6-2.9 ms).
-        """
-        return Staged(await self.save_many(entities), _after_ready_tasks)
 
     async def finish_many(self, message_ids: Sequence[str]) -> list[bool]:
         return [await self.finish(message_id) for message_id in message_ids]
@@ -255,9 +244,3 @@ class MemoryStore(MessageStore):
                 (topic, acked, n, oldest) for (topic, acked), n, oldest in self._waiting.items()
             ),
         )
-
-
-async def _after_ready_tasks() -> None:
-    """Yield only if other tasks are ready to run: a lone save's store-ack pays no turn of the loop."""
-    if idle.others_ready():
-        await idle.once_others_ran()

@@ -27,7 +27,7 @@ from protocol import TxStatus
 from protocol.logevents import LogEvent
 from protocol.schedule import deliver_at_of
 from protocol.session import CancelRequested, MessageReceived, TxDecision, quote
-from stores import MessageStore, StoreError, entity_from_wire
+from stores import MessageStore, StoreError, entity_from_wire, idle
 from stores.entity import MessageEntity
 
 log = structlog.get_logger(__name__)
@@ -74,8 +74,10 @@ class Handlers:
         They are saved together (one fsync, one INSERT). A message goes to its groups as
         soon as the store holds it, while the store syncs it (`stage_many`), and is acked
         only once it is as durable as the store promises: a consumer never waits on an
-        fsync, a producer's store-ack always does. A delayed one (`kiteq.deliverAt`
-        ahead) is stored due then, and the recover loop is told when.
+        fsync, a producer's store-ack always does. On a store with nothing to sync (the
+        memory store) the ack waits instead for the tasks ready to run, the deliveries
+        among them. A delayed one (`kiteq.deliverAt` ahead) is stored due then, and the
+        recover loop is told when.
         """
         now = self.clock()
         pending: list[tuple[int, MessageEntity, bytes]] = []
@@ -125,9 +127,7 @@ class Handlers:
             for opaque, entity, _ in pending:
                 requester.store_ack(opaque, entity.message_id, False, feedback)
             return
-        # Acked only now: a store-ack says the message is as durable as the store promises.
-        for (opaque, entity, _), stored in zip(pending, staged.saved, strict=True):
-            requester.store_ack(opaque, entity.message_id, True, STORED if stored else STORED_BEFORE)
+        for (_, entity, _), stored in zip(pending, staged.saved, strict=True):
             if not stored:
                 continue
             groups = self.dispatcher.target_groups(entity) if self.events.recorded else None
@@ -136,6 +136,15 @@ class Handlers:
                 self.events.emit(LogEvent.SCHEDULED, entity, deliver_at=round(at * 1000), groups=groups)
                 if entity.commit:
                     self.dispatcher.on_retry(at)
+        if not self.store.durable:
+            # Nothing synced, so nothing paced the ack: acked at once, a producer's window
+            # of sends outran the consumers end to end, and what it sent waited in the
+            # broker (the memory store, unthrottled: p50 3.7-6.3 ms, p99 16-34 ms, against
+            # 1.9-2.2 and 5.1-5.2 once the tasks ready to run went first; stores/idle.py).
+            await idle.after_ready_tasks()
+        # Acked only now: a store-ack says the message is as durable as the store promises.
+        for (opaque, entity, _), stored in zip(pending, staged.saved, strict=True):
+            requester.store_ack(opaque, entity.message_id, True, STORED if stored else STORED_BEFORE)
 
     async def cancel(self, requester: Requester, request: CancelRequested) -> None:
         """A producer's cancel of a scheduled message of its own group, answered either way."""
