@@ -3,6 +3,8 @@
 Rounds are driven through their transitions table by table; the dispatcher, the
 recover loop and the back-scan run on Trio's autojump clock, with the wall clock the
 rules read following it (`trio_wall_clock`), so minutes of retries take milliseconds.
+The handlers' store-ack is checked against the same parts: on a store with nothing to
+sync, a message's delivery goes out before its ack.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import trio.testing
 
 from kiteq.config import DeliveryConfig, TxConfig
 from kiteq.registry.bindings import Binding
+from kiteq.server.acl import Acl
 from kiteq.server.cancel import Cancelled, cancel_scheduled
 from kiteq.server.clock import WallClock, trio_wall_clock
 from kiteq.server.delivery.dispatcher import Dispatcher
@@ -33,12 +36,17 @@ from kiteq.server.delivery.recover import (
 from kiteq.server.delivery.rounds import LEASE_FACTOR, Round, Verdict, first_due
 from kiteq.server.events import Events
 from kiteq.server.groups import GroupTable
+from kiteq.server.handlers import Handlers
+from kiteq.server.refusals import RefusalLog
 from kiteq.server.routing import Router
 from kiteq.server.tx.backscan import TxBackscan
 from kiteq.server.tx.checks import TxCheck
+from protocol import Cmd, pb
 from protocol.schedule import DELIVER_AT, format_deliver_at
+from protocol.session import MessageReceived
 from stores import MessageEntity
 from stores.memory import MemoryStore
+from tests.wire import header
 
 NOW = 1_800_000_000.0
 
@@ -461,3 +469,38 @@ async def test_a_message_cancelled_while_its_page_is_offered_is_never_sent(
         assert len(sent) == page - 1 and last not in sent, "every other message went; the cancelled one never"
         assert await store.get(last) is None
         nursery.cancel_scope.cancel()
+
+
+# -- the store-ack ------------------------------------------------------------------------
+
+
+@dataclass
+class AckedProducer:
+    """A producer's connection as the handlers see it; records how many deliveries the
+    consumer had been sent when each store-ack went out."""
+
+    consumer: FakePeer
+    peer: str = "producer"
+    group: str = "p"
+    acks: list[tuple[bool, int]] = field(default_factory=list)
+
+    def store_ack(self, opaque: int, message_id: str, stored: bool, feedback: str) -> None:
+        self.acks.append((stored, len(self.consumer.sent)))
+
+
+def sent_message(opaque: int) -> MessageReceived:
+    message = pb.BytesMessage(header=header("p"), body=b"b")
+    return MessageReceived(opaque, Cmd.BYTES_MESSAGE, message, message.SerializeToString())
+
+
+async def test_on_a_store_with_nothing_to_sync_a_message_is_delivered_before_it_is_acked(
+    parts: Parts,
+) -> None:
+    consumer = FakePeer("c")
+    parts.groups.add(consumer)
+    handlers = Handlers(
+        parts.store, parts.dispatcher, parts.events, Acl({}), RefusalLog(), address="b", clock=parts.clock
+    )
+    producer = AckedProducer(consumer)
+    await handlers.produce(producer, [sent_message(1)])
+    assert producer.acks == [(True, 1)], "acked once its delivery had gone out"
