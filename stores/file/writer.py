@@ -502,10 +502,12 @@ class Writer:
     # -- writer thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        wrote = False
+        written: list[Batch] = []
         while True:
             with self._lock:
-                self._await_work(look_out=wrote)
+                if written and not self._hand_back(written):
+                    return
+                self._await_work(look_out=bool(written))
                 batches, self._cut = self._cut, []
                 if not self._open.empty:
                     batches.append(self._open)
@@ -516,16 +518,24 @@ class Writer:
             with self._io:
                 for batch in batches:
                     self._process(batch)
-            wrote = True
-            try:
-                self._token.run_sync_soon(self._finished, batches)
-            except trio.RunFinishedError:
-                log.warning(
-                    "store.writer_orphaned",
-                    store=str(self.directory),
-                    detail="the Trio run ended before the store was closed",
-                )
-                return
+            written = batches
+
+    def _hand_back(self, batches: list[Batch]) -> bool:
+        """Have the Trio thread finish `batches` (holding `_lock`); False if the run ended.
+
+        Under the lock until the writer sleeps or takes the next batch, so a caller woken
+        by it never finds the writer in between: there, its next lone save went to the
+        writer thread instead of being written in place."""
+        try:
+            self._token.run_sync_soon(self._finished, batches)
+        except trio.RunFinishedError:
+            log.warning(
+                "store.writer_orphaned",
+                store=str(self.directory),
+                detail="the Trio run ended before the store was closed",
+            )
+            return False
+        return True
 
     def _watch(self) -> None:
         """The watchdog thread: while callers wait, report a stall once no batch has
