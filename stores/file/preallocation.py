@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import structlog
@@ -137,6 +137,15 @@ def torn_write(damage: records.Damage, zeros: int | None) -> bool:
     nothing good after it, or, in a segment zero-filled ahead whose zeros begin at
     `zeros`, within the span of its last synced write."""
     return damage.torn_tail or (zeros is not None and zeros - damage.offset <= WRITE_SPAN)
+
+
+def until_torn_write(scan: records.Scan, zeros: int | None) -> Iterator[tuple[int, int, int, int]]:
+    """The records `scan` finds before a torn write (`torn_write`): what follows one is
+    what is left of it, never acknowledged."""
+    for record in scan:
+        if scan.damages and torn_write(scan.damages[-1], zeros):
+            return
+        yield record
 
 
 def split_damage(

@@ -44,7 +44,7 @@ from stores.file import summary as summaries
 from stores.file.index import ENTRY, Index, unpack
 from stores.file.messages import head_of
 from stores.file.ops import decode_op
-from stores.file.preallocation import split_damage, torn_write, zeros_start
+from stores.file.preallocation import split_damage, until_torn_write, zeros_start
 from stores.file.records import RecordType
 from stores.file.segment import Segment
 from stores.file.summary import Summary
@@ -192,9 +192,7 @@ class _Recovery:
         scan = records.Scan(
             data, start, skip_damage=self.repair, stop=None if zeros is None else max(zeros, start)
         )
-        for offset, rtype, payload_start, payload_end in scan:
-            if scan.damages and torn_write(scan.damages[-1], zeros):
-                break  # what follows is what is left of a torn write: never acknowledged
+        for offset, rtype, payload_start, payload_end in until_torn_write(scan, zeros):
             try:
                 on_record(data, offset, rtype, payload_start, payload_end)
             except (ValueError, struct.error, UnicodeDecodeError) as exc:

@@ -18,7 +18,7 @@ from stores.file import layout, records
 from stores.file.index import unpack
 from stores.file.lock import DirectoryLock
 from stores.file.messages import decode_message
-from stores.file.preallocation import split_damage, torn_write, zeros_start
+from stores.file.preallocation import split_damage, until_torn_write, zeros_start
 from stores.file.recovery import recover
 
 
@@ -82,9 +82,7 @@ def _check_file(directory: Path, kind: str, number: int, last: bool) -> FileRepo
     # A zero-filled last segment (preallocation.py) ends where its zeros begin.
     zeros = zeros_start(data, kind) if last and not problem else None
     scan = records.Scan(data, layout.HEAD_SIZE, skip_damage=True, stop=zeros)
-    for _ in scan:
-        if scan.damages and torn_write(scan.damages[-1], zeros):
-            break
+    for _ in until_torn_write(scan, zeros):
         report.records += 1
     damages, torn = split_damage(scan.damages, zeros, last)
     for damage in damages:
