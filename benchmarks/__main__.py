@@ -12,6 +12,8 @@ import platform
 import sys
 from pathlib import Path
 
+from benchmarks import machine_speed
+
 # Each module exposes `run(quick: bool) -> list[Figure]`; those whose `run` also takes
 # `messages` get --messages.
 SUITES = [
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or Path("benchmarks/results") / f"bench-{stamp}.json"
+    speed_before = machine_speed.reading()
     figures = []
     for name in args.only or SUITES:
         module = importlib.import_module(f"benchmarks.{name}")
@@ -60,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
+            # machine_speed.py: how fast it ran, read before and after the suites.
+            "speed_before": speed_before,
+            "speed_after": machine_speed.reading(),
         },
         "figures": figures,
     }

@@ -1,0 +1,41 @@
+"""How fast the machine ran while a run measured, recorded beside its figures.
+
+The machines these benchmarks run on differ 2-3x in speed, and one machine's speed swings
+within minutes: figures from two runs compare only with the machine's speed beside them.
+So every run reads, before and after its suites, what one step of a pure-Python loop and
+one system call cost (the broker, its clients and pika are bound by both). A run whose
+readings are twice another's ran on a machine twice as slow.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+LOOP_STEPS = 1_000_000
+SYSCALLS = 100_000
+# Each figure is the fastest of this many readings: the one least disturbed by other work.
+READINGS = 5
+
+
+def reading() -> dict[str, float]:
+    """Nanoseconds per step of a pure-Python loop and per system call (getppid)."""
+    return {
+        "python_loop_step_ns": round(min(_loop_step_ns() for _ in range(READINGS)), 1),
+        "syscall_ns": round(min(_syscall_ns() for _ in range(READINGS)), 1),
+    }
+
+
+def _loop_step_ns() -> float:
+    started = time.perf_counter_ns()
+    total = 0
+    for step in range(LOOP_STEPS):
+        total += step
+    return (time.perf_counter_ns() - started) / LOOP_STEPS
+
+
+def _syscall_ns() -> float:
+    started = time.perf_counter_ns()
+    for _ in range(SYSCALLS):
+        os.getppid()
+    return (time.perf_counter_ns() - started) / SYSCALLS

@@ -1,0 +1,21 @@
+"""Every benchmark run records how fast the machine ran, before and after its suites."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.__main__ import main
+
+
+def test_a_run_records_the_machines_speed_before_and_after_its_suites(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    assert main(["--only", "codec", "--quick", "--out", str(out)]) == 0
+    machine = json.loads(out.read_text())["machine"]
+    for when in ("speed_before", "speed_after"):
+        speed = machine[when]
+        assert set(speed) == {"python_loop_step_ns", "syscall_ns"}
+        # A loop step takes tens of nanoseconds, a system call hundreds: neither is zero,
+        # and neither a second (a reading in the wrong unit).
+        assert 1 <= speed["python_loop_step_ns"] < 10_000
+        assert 10 <= speed["syscall_ns"] < 1_000_000
