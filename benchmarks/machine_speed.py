@@ -1,6 +1,6 @@
 """How fast the machine ran while a run measured, recorded beside its figures.
 
-The machines these benchmarks run on differ 2-3x in speed, and one machine's speed swings
+The machines these benchmarks run on differ up to 4x in speed, and one machine's speed swings
 within minutes: figures from two runs compare only with the machine's speed beside them.
 So every run reads, before and after its suites, what one step of a pure-Python loop and
 one system call cost (the broker, its clients and pika are bound by both). A run whose
