@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,21 @@ ROOT = Path(__file__).parents[1]
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Let the processes the tests start see Ctrl-C, and refuse stale compiled modules."""
+    let_children_see_sigint()
+    refuse_stale_builds()
+
+
+def let_children_see_sigint() -> None:
+    """A shell without job control starts a background job with SIGINT ignored (`make test &`
+    in a script, `nohup`), and every process the job starts inherits that: the examples,
+    which stop on Ctrl-C, would never see the SIGINT the tests send them. A handled signal
+    is reset to its default in a child, so handling it here gives every child the default."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def refuse_stale_builds() -> None:
     """Refuse to test a compiled module whose source changed after it was built: Python
     imports the in-place build, not the edited .py (setup.py explains the compiled modules)."""
     manifest = ROOT / "build" / "compiled-sources.json"

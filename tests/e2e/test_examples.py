@@ -66,6 +66,22 @@ async def finish(process: subprocess.Popen[str], sig: int | None = None) -> tupl
     return process.returncode, out, err
 
 
+def test_an_example_started_here_sees_ctrl_c(tmp_path: Path) -> None:
+    """Even when the tests run as a background job, which ignores SIGINT (tests/conftest.py)."""
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=example_env(tmp_path),
+    )
+    assert child.stdout.strip() == "True", child.stderr
+
+
 async def produce(registry: str, count: int, cwd: Path) -> set[str]:
     """Run examples/producer.py; the ids it stored."""
     result = await trio.to_thread.run_sync(
