@@ -24,9 +24,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def let_children_see_sigint() -> None:
     """A shell without job control starts a background job with SIGINT ignored (`make test &`
-    in a script, `nohup`), and every process the job starts inherits that: the examples,
-    which stop on Ctrl-C, would never see the SIGINT the tests send them. A handled signal
-    is reset to its default in a child, so handling it here gives every child the default."""
+    in a script), and every program the job starts inherits that: the examples, which stop
+    on Ctrl-C, would never see the SIGINT the tests send them. A handled signal is reset to
+    its default when a child execs a program, so handling it here gives every child the default."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
