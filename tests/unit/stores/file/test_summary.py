@@ -134,14 +134,15 @@ async def test_a_segment_continued_after_a_restart_is_summarized_if_recovery_rea
     # Nothing zero-filled ahead, in either run: segment 1 appends until it is full. (With
     # preallocation, the restarted store leaves it as soon as segment 2 is zero-filled, which
     # on a busy machine can come before the second run's first save.)
-    async with FileStore.from_uri(uri(tmp_path, segment_bytes=SEGMENT_BYTES, preallocate="false")) as store:
+    store_uri = uri(tmp_path, segment_bytes=SEGMENT_BYTES, preallocate="false")
+    async with FileStore.from_uri(store_uri) as store:
         await saved_in_segments(store, 3)
     assert names(tmp_path, "*.seg") == [f"{1:010d}.seg"] and not names(tmp_path, "*.sum")
     if stop == "crash":
         # No snapshot: recovery reads segment 1 from its first record. After a close, the
         # snapshot's mark is inside it, and recovery reads only what follows the mark.
         (tmp_path / "0000000002.snap").unlink()
-    async with FileStore.from_uri(uri(tmp_path, segment_bytes=SEGMENT_BYTES, preallocate="false")) as store:
+    async with FileStore.from_uri(store_uri) as store:
         await saved_in_segments(store, 10)
         first = tmp_path / f"{1:010d}.seg"
         entries = summary.read(tmp_path, 1, first.stat().st_size)
