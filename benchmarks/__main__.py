@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
+            "interpreter": machine_speed.interpreter(),
             # machine_speed.py: how fast it ran, read before and after the suites.
             "speed_before": speed_before,
             "speed_after": machine_speed.reading(),

@@ -5,12 +5,19 @@ within minutes: figures from two runs compare only with the machine's speed besi
 So every run reads, before and after its suites, what one step of a pure-Python loop and
 one system call cost (the broker, its clients and pika are bound by both). A run whose
 readings are twice another's ran on a machine twice as slow.
+
+The interpreter's build counts as much as the machine: the same code ran end to end 1.4x
+as fast on Debian's own python3.11 (libpython linked into the executable, built with
+profile-guided optimization) as on a pyenv build that loads libpython3.11.so
+(docs/performance.md). So a run also records which interpreter ran it (`interpreter`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
+from pathlib import Path
 
 LOOP_STEPS = 1_000_000
 SYSCALLS = 100_000
@@ -39,3 +46,16 @@ def _syscall_ns() -> float:
     for _ in range(SYSCALLS):
         os.getppid()
     return (time.perf_counter_ns() - started) / SYSCALLS
+
+
+def interpreter() -> dict[str, object]:
+    """The Python that ran the suites (and the broker and clients they start, `sys.executable`):
+    its path, and whether it loads libpython as a shared library (slower calls
+    into the interpreter from compiled code; pyenv's and python-build's usual builds) or
+    has it linked in (Debian's /usr/bin/python3.11)."""
+    maps = Path("/proc/self/maps")
+    shared = "libpython" in maps.read_text() if maps.exists() else None
+    return {
+        "executable": os.path.realpath(sys.executable),
+        "libpython_shared": shared,
+    }

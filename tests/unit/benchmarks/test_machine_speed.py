@@ -1,8 +1,12 @@
-"""Every benchmark run records how fast the machine ran, before and after its suites."""
+"""Every benchmark run records how fast the machine ran, before and after its suites, and
+which interpreter ran it."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from benchmarks.__main__ import main
@@ -19,3 +23,8 @@ def test_a_run_records_the_machines_speed_before_and_after_its_suites(tmp_path: 
         # and neither a second (a reading in the wrong unit).
         assert 1 <= speed["python_loop_step_ns"] < 10_000
         assert 10 <= speed["syscall_ns"] < 1_000_000
+    interpreter = machine["interpreter"]
+    assert interpreter["executable"] == os.path.realpath(sys.executable)
+    # What the dynamic linker says of the executable, asked apart from the run's own reading.
+    linked = subprocess.run(["ldd", sys.executable], capture_output=True, text=True, check=True).stdout
+    assert interpreter["libpython_shared"] == ("libpython" in linked)
