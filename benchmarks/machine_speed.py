@@ -6,10 +6,10 @@ So every run reads, before and after its suites, what one step of a pure-Python 
 one system call cost (the broker, its clients and pika are bound by both). A run whose
 readings are twice another's ran on a machine twice as slow.
 
-The interpreter's build counts as much as the machine: the same code ran end to end 1.4x
-as fast on Debian's own python3.11 (libpython linked into the executable, built with
-profile-guided optimization) as on a pyenv build that loads libpython3.11.so
-(docs/performance.md). So a run also records which interpreter ran it (`interpreter`).
+The interpreter's build counts as much as the machine: on one machine the same code ran
+end to end 1.4x as fast on Debian's own python3.11 (libpython linked into the executable)
+as on a pyenv build that loads libpython3.11.so (docs/performance.md). So a run also
+records which interpreter ran it (`interpreter`).
 """
 
 from __future__ import annotations
