@@ -50,9 +50,9 @@ def _syscall_ns() -> float:
 
 def interpreter() -> dict[str, object]:
     """The Python that ran the suites (and the broker and clients they start, `sys.executable`):
-    its path, and whether it loads libpython as a shared library (slower calls
-    into the interpreter from compiled code; pyenv's and python-build's usual builds) or
-    has it linked in (Debian's /usr/bin/python3.11)."""
+    its path, and whether it loads libpython as a shared library (as the pyenv build of
+    `--enable-shared` that ran the slower figures does) or has it linked in (as Debian's
+    /usr/bin/python3.11 does)."""
     maps = Path("/proc/self/maps")
     shared = "libpython" in maps.read_text() if maps.exists() else None
     return {
