@@ -53,9 +53,7 @@ def interpreter() -> dict[str, object]:
     its path, and whether it loads libpython as a shared library (as the pyenv build of
     `--enable-shared` that ran the slower figures does) or has it linked in (as Debian's
     /usr/bin/python3.11 does)."""
-    maps = Path("/proc/self/maps")
-    shared = "libpython" in maps.read_text() if maps.exists() else None
     return {
         "executable": os.path.realpath(sys.executable),
-        "libpython_shared": shared,
+        "libpython_shared": "libpython" in Path("/proc/self/maps").read_text(),
     }
