@@ -9,15 +9,17 @@ sends paced at half that median, 3 runs; each percentile is the median of the ru
 Variants: the memory and file stores; the file store with the broker's delivery log
 on, with TLS on the client port (trustme certificates made for the run), and with
 another group reading the same messages slowly through a 16 KiB receive buffer
-(`file-batch+slow-reader`) — each one's cost is its difference to `file-batch`, the
-last one's is what a slow reader costs the fleet; the MySQL store on a local MariaDB
-master + replica started for the run (when mariadbd is installed).
+(`file-batch+slow-reader`), and with 2,000 more connections open and idle
+(`file-batch+idle-connections`) — each one's cost is its difference to `file-batch`, the
+last two's are what a slow reader and a crowd of idle clients cost the fleet; the MySQL
+store on a local MariaDB master + replica started for the run (when mariadbd is installed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import statistics
 import struct
@@ -33,6 +35,7 @@ import trio
 
 from benchmarks.harness import Figure, percentile
 from kiteq import Binding, Consumer, Message, MessageListener, Producer
+from kiteq.client.connection import ClientConnection, Credentials
 from kiteq.gc_tuning import tune_gc
 from kiteq.logging import configure_logging
 from kiteq.registry import open_registry
@@ -53,6 +56,8 @@ class Variant:
     # Another group reads the same messages slowly through a 16 KiB receive buffer
     # (tests/procs/slow_reader.py): the fleet's rate beside `file-batch` is what it costs them.
     slow_reader: bool = False
+    # Connections that authenticate, then only answer heartbeats, open through the run.
+    idle_connections: int = 0
 
 
 FILE_STORE = "file://{dir}/store?fsync=batch"
@@ -62,6 +67,7 @@ VARIANTS: dict[str, Variant] = {
     "file-batch+delivery-log": Variant(FILE_STORE, ("--delivery-log", "{dir}/delivery.log")),
     "file-batch+tls": Variant(FILE_STORE, tls=True),
     "file-batch+slow-reader": Variant(FILE_STORE, slow_reader=True),
+    "file-batch+idle-connections": Variant(FILE_STORE, idle_connections=2000),
     "mysql": Variant("{mysql}"),
 }
 WINDOW = 256
@@ -89,22 +95,24 @@ def body() -> bytes:
 
 
 async def _drive(
-    registry: str, count: int, rate: float | None, ca: str | None, slow_reader: str | None
+    registry: str, address: str, variant: Variant, count: int, rate: float | None, ca: str | None
 ) -> tuple[float, list[float]]:
     clock = Clock()
     clock.expected = count
     binding = [Binding.direct("bench", "e2e", watermark=2000)]
-    if slow_reader is not None:
+    if variant.slow_reader:
         async with open_registry(registry) as bindings:
             await bindings.put_bindings("slow", "bench", binding)
     async with (
-        trio.open_nursery() as slow,
+        trio.open_nursery() as others,
         Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512, tls=ca),
         Consumer(registry, group="sink", bindings=binding, listener=clock, max_concurrency=512, tls=ca),
         Producer(registry, group="source", topics=["bench"], send_timeout=30, tls=ca) as producer,
     ):
-        if slow_reader is not None:
-            slow.start_soon(SlowReader(count).run, slow_reader, "slow")
+        if variant.slow_reader:
+            others.start_soon(SlowReader(count).run, address, "slow")
+        for _ in range(variant.idle_connections):
+            await others.start(ClientConnection(address, Credentials("idle", "")).run)
         await trio.sleep(1.0)
         started = time.perf_counter()
         tickets = iter(range(count))
@@ -128,7 +136,7 @@ async def _drive(
         with trio.fail_after(120):
             await clock.done.wait()
         elapsed = time.perf_counter() - started
-        slow.cancel_scope.cancel()
+        others.cancel_scope.cancel()
     if refused:
         log.warning("bench.sends_refused", count=refused, detail="resent until stored; counted in latency")
     return count / elapsed, clock.latencies
@@ -161,8 +169,7 @@ def _measure(variant: Variant, count: int, rate: float | None) -> tuple[float, l
     proc = subprocess.Popen(command, cwd=workdir, env={**os.environ})
     try:
         wait_for_port(port)
-        slow_reader = f"127.0.0.1:{port}" if variant.slow_reader else None
-        return trio.run(_drive, registry, count, rate, ca, slow_reader)
+        return trio.run(_drive, registry, f"127.0.0.1:{port}", variant, count, rate, ca)
     finally:
         stop_process(proc)
 
@@ -170,6 +177,9 @@ def _measure(variant: Variant, count: int, rate: float | None) -> tuple[float, l
 def run(quick: bool) -> list[Figure]:
     configure_logging("warning")
     tune_gc()  # the clients' process, tuned as the broker tunes its own
+    # Room for the idle connections at both ends: the broker inherits the limit.
+    _, most = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (most, most))
     count = 5_000 if quick else 50_000
     figures = []
     for name, variant in VARIANTS.items():
