@@ -9,10 +9,11 @@ sends paced at half that median, 3 runs; each percentile is the median of the ru
 Variants: the memory and file stores; the file store with the broker's delivery log
 on, with TLS on the client port (trustme certificates made for the run), and with
 another group reading the same messages slowly through a 16 KiB receive buffer
-(`file-batch+slow-reader`), and with 2,000 more connections open and idle
-(`file-batch+idle-connections`) — each one's cost is its difference to `file-batch`, the
-last two's are what a slow reader and a crowd of idle clients cost the fleet; the MySQL
-store on a local MariaDB master + replica started for the run (when mariadbd is installed).
+(`file-batch+slow-reader`), and with 2,000 more connections open and idle, held by
+another process (`file-batch+idle-connections`) — each one's cost is its difference to
+`file-batch`, the last two's are what a slow reader and a crowd of idle clients cost the
+fleet; the MySQL store on a local MariaDB master + replica started for the run (when
+mariadbd is installed).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import shutil
 import statistics
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,7 +37,6 @@ import trio
 
 from benchmarks.harness import Figure, percentile
 from kiteq import Binding, Consumer, Message, MessageListener, Producer
-from kiteq.client.connection import ClientConnection, Credentials
 from kiteq.gc_tuning import tune_gc
 from kiteq.logging import configure_logging
 from kiteq.registry import open_registry
@@ -56,7 +57,8 @@ class Variant:
     # Another group reads the same messages slowly through a 16 KiB receive buffer
     # (tests/procs/slow_reader.py): the fleet's rate beside `file-batch` is what it costs them.
     slow_reader: bool = False
-    # Connections that authenticate, then only answer heartbeats, open through the run.
+    # Connections that authenticate, then only answer heartbeats, open through the run
+    # (benchmarks/clients/idle_connections.py).
     idle_connections: int = 0
 
 
@@ -71,6 +73,7 @@ VARIANTS: dict[str, Variant] = {
     "mysql": Variant("{mysql}"),
 }
 WINDOW = 256
+ROOT = Path(__file__).resolve().parents[1]
 log = structlog.get_logger(__name__)
 
 
@@ -111,8 +114,6 @@ async def _drive(
     ):
         if variant.slow_reader:
             others.start_soon(SlowReader(count).run, address, "slow")
-        for _ in range(variant.idle_connections):
-            await others.start(ClientConnection(address, Credentials("idle", "")).run)
         await trio.sleep(1.0)
         started = time.perf_counter()
         tickets = iter(range(count))
@@ -169,9 +170,28 @@ def _measure(variant: Variant, count: int, rate: float | None) -> tuple[float, l
     proc = subprocess.Popen(command, cwd=workdir, env={**os.environ})
     try:
         wait_for_port(port)
-        return trio.run(_drive, registry, f"127.0.0.1:{port}", variant, count, rate, ca)
+        address = f"127.0.0.1:{port}"
+        with _idle_connections(address, variant.idle_connections):
+            return trio.run(_drive, registry, address, variant, count, rate, ca)
     finally:
         stop_process(proc)
+
+
+@contextlib.contextmanager
+def _idle_connections(address: str, count: int) -> Iterator[None]:
+    """`count` idle connections to `address`, held by a process of their own while in the block."""
+    if not count:
+        yield
+        return
+    command = [sys.executable, "-m", "benchmarks.clients.idle_connections", address, str(count)]
+    holder = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None
+        if holder.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"the idle connections' process ended first (exit {holder.wait()})")
+        yield
+    finally:
+        stop_process(holder)
 
 
 def run(quick: bool) -> list[Figure]:

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,15 @@ pytest_plugins = ["tests.services.zookeeper", "tests.services.mariadb", "tests.s
 configure_logging("info")
 
 ROOT = Path(__file__).parents[1]
+
+
+@pytest.fixture(autouse=True)
+def logging_as_configured_here() -> Iterator[None]:
+    """A test that runs a command's `main` (which configures logging, at `warning` say)
+    leaves the tests after it logging as configured here: otherwise those that capture
+    info logs saw nothing, depending on the order the tests ran in."""
+    yield
+    configure_logging("info")
 
 
 def pytest_configure(config: pytest.Config) -> None:

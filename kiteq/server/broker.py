@@ -119,6 +119,7 @@ class Broker:
             self.store, self.router, delivery_log.path if delivery_log is not None else None, clock
         )
         self.connections: set[BrokerConnection] = set()
+        self.awaiting: set[BrokerConnection] = set()  # those with our requests pending
         self.started_at = time.time()
         self.served_topics: tuple[str, ...] = ()
         self._registering = trio.Lock()
@@ -299,6 +300,7 @@ class Broker:
             log.exception("connection.failed", conn=peer)
         finally:
             self.connections.discard(connection)
+            self.awaiting.discard(connection)
             self.admission.closed(connection)
             if connection.authenticated:
                 self.groups.remove(connection)
@@ -327,11 +329,15 @@ class Broker:
         self.backscan.producer_connected(connection.group)
 
     async def _expire_requests(self) -> None:
+        """Time out deliveries and transaction checks, on the connections that have any
+        pending. Walking every connection each tick cost the event loop a pause that grew
+        with the connections open, idle ones included."""
         while True:
             await trio.sleep(EXPIRY_TICK)
             now = trio.current_time()
-            for connection in list(self.connections):
-                connection.expire(now)
+            for connection in list(self.awaiting):
+                if not connection.expire(now):
+                    self.awaiting.discard(connection)
 
     # -- introspection ------------------------------------------------------------------------
 

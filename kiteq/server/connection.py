@@ -71,6 +71,8 @@ class Host(Protocol):
     refusals: RefusalLog
     handlers: Handlers
     clock: WallClock
+    # The connections with requests of ours pending: the broker times out theirs alone.
+    awaiting: set[BrokerConnection]
 
     def authenticate(self, connection: BrokerConnection, hello: Hello) -> str:
         """'' when the connection may act as `hello.group`, else the reason to send back."""
@@ -193,6 +195,7 @@ class BrokerConnection:
             round_.cmd, round_.body, delivery, trio.current_time() + UNSENT_GRACE * timeout
         )
         delivery.sent_at = self.host.clock()
+        self.host.awaiting.add(self)
         self.framed.send_bulk(frame, delivery)
         self._was_congested = self._was_congested or self.congested
 
@@ -212,12 +215,14 @@ class BrokerConnection:
         check.opaque, frame = self.session.request(
             Cmd.TX_ACK, packet.SerializeToString(), check, trio.current_time() + timeout
         )
+        self.host.awaiting.add(self)
         self._send(frame)
 
-    def expire(self, now: float) -> None:
-        """Fail requests past their deadline."""
+    def expire(self, now: float) -> bool:
+        """Fail requests past their deadline; whether any are still pending."""
         for request in self.session.expire(now):
             request.resolve(False, "timeout")
+        return self.session.pending > 0
 
     def store_ack(self, opaque: int, message_id: str, stored: bool, feedback: str) -> None:
         self._send(self.session.store_ack(opaque, message_id, stored, feedback))

@@ -196,3 +196,25 @@ async def test_even_share_once_warm(tmp_path: Path) -> None:
             await producer.send_many([Message("t", "x", b"w") for _ in range(400)])
             await wait_until(lambda: len(a.acked) + len(b.acked) == 400, timeout=30)
     assert abs(len(a.acked) - len(b.acked)) < 400 * 0.3, (len(a.acked), len(b.acked))
+
+
+async def test_only_connections_awaiting_answers_are_timed_out(tmp_path: Path) -> None:
+    """The expiry tick visits the connections with deliveries pending, not every connection:
+    idle ones, and producers, cost it nothing."""
+    registry = registry_uri(tmp_path)
+    listener = RecordingListener(delay=0.3)
+    binding = [Binding.direct("t", "x", watermark=4)]
+    async with (
+        running_broker(tmp_path, delivery=FAST) as broker,
+        Consumer(registry, group="g", bindings=binding, listener=listener),
+        Producer(registry, group="p", topics=["t"]) as producer,
+    ):
+        await wait_until(lambda: len(broker.groups.peers("g")) == 1)
+        assert not broker.awaiting
+        await producer.send_many([Message("t", "x", b"w") for _ in range(8)])
+        await wait_until(
+            lambda: {connection.group for connection in broker.awaiting} == {"g"},
+            what="the consumer's connection, awaiting its acks",
+        )
+        await wait_until(lambda: len(listener.acked) == 8, timeout=30)
+        await wait_until(lambda: not broker.awaiting, what="all answered: no connection to visit")
