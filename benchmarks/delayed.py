@@ -38,7 +38,7 @@ from pathlib import Path
 import trio
 
 from benchmarks.clients.workload import CONSUMER_GROUP, MESSAGE_TYPE, TOPIC
-from benchmarks.harness import Figure, Report, client_report
+from benchmarks.harness import ROOT, Figure, Report, client_report
 from benchmarks.versus_rabbitmq import Usage
 from kiteq import Binding
 from kiteq.registry import open_registry
@@ -47,7 +47,6 @@ from tests.procs.memory import memory_of
 from tests.services.ports import stop_process
 
 SUITE = "delayed"
-ROOT = Path(__file__).resolve().parents[1]
 DELAYED = "benchmarks.clients.delayed_client"
 ORDINARY = "benchmarks.clients.kiteq_client"
 DELAYED_GROUP = "bench-delayed"  # phase 3: its message type too

@@ -35,7 +35,7 @@ from pathlib import Path
 import structlog
 import trio
 
-from benchmarks.harness import Figure, percentile
+from benchmarks.harness import ROOT, Figure, percentile
 from kiteq import Binding, Consumer, Message, MessageListener, Producer
 from kiteq.gc_tuning import tune_gc
 from kiteq.logging import configure_logging
@@ -73,7 +73,6 @@ VARIANTS: dict[str, Variant] = {
     "mysql": Variant("{mysql}"),
 }
 WINDOW = 256
-ROOT = Path(__file__).resolve().parents[1]
 log = structlog.get_logger(__name__)
 
 

@@ -7,6 +7,10 @@ import statistics
 import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# The project's root: where the suites start their client processes (`python -m benchmarks.…`).
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import trio
 
-from benchmarks.harness import Figure, percentile
+from benchmarks.harness import ROOT, Figure, percentile
 from kiteq.logging import configure_logging
 from stores import MessageEntity, open_store
 from tests.procs.broker import BrokerProcess
@@ -178,7 +178,6 @@ async def main(uri):
 
 trio.run(main, sys.argv[1])
 """
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _child(script: str, *args: str) -> subprocess.Popen[str]:

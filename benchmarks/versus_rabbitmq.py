@@ -44,7 +44,7 @@ from pathlib import Path
 import trio
 
 from benchmarks.clients.workload import BODY, CONSUMER_GROUP, MESSAGE_TYPE, TOPIC
-from benchmarks.harness import Figure, Report, client_report
+from benchmarks.harness import ROOT, Figure, Report, client_report
 from kiteq import Binding
 from kiteq.registry import open_registry
 from tests.procs.broker import BrokerProcess
@@ -52,7 +52,6 @@ from tests.procs.memory import memory_of
 from tests.services.ports import free_port, stop_process, wait_for_port
 
 SUITE = "versus_rabbitmq"
-ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 100  # sends in flight, prefetch, watermark
 PACED_RATE = 5_000.0
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # Debian's, without its `su` wrapper
