@@ -31,7 +31,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import trio
 
@@ -95,17 +95,33 @@ def stage_walk(
     return heapq.merge(*walks)
 
 
+def nothing_coming() -> bool:
+    """The default `busy` of `Staged.durable`: no more work on its way."""
+    return False
+
+
+class Durable(Protocol):
+    """How to wait until a `Staged`'s messages are durable."""
+
+    def __call__(self, *, busy: Callable[[], bool] = nothing_coming) -> Awaitable[None]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Staged:
     """Messages handed to a store: which were new, and how to wait until they are durable
     (`durable()` yields only if it has to wait: a producer's store-ack pays for every turn
-    of the event loop)."""
+    of the event loop).
+
+    `busy`, asked when the store would write them on the event loop's thread, says
+    whether more work is on its way there (their sender has other messages in flight):
+    then it must not, as the loop would hold that work up for a sync.
+    """
 
     saved: list[bool]
-    durable: Callable[[], Awaitable[None]]
+    durable: Durable
 
 
-async def _already_durable() -> None:
+async def _already_durable(*, busy: Callable[[], bool] = nothing_coming) -> None:
     """Nothing to wait for: `save_many` stored them durably already."""
 
 

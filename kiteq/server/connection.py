@@ -100,7 +100,7 @@ class BrokerConnection:
         self._tcp = stream
         self.framed = FramedStream(
             stream,
-            expect_more=self._busy,
+            expect_more=self.busy,
             read_size=self.session.frame_limit + HEADER_SIZE,
             on_sent=self._deliveries_sent,
         )
@@ -127,7 +127,7 @@ class BrokerConnection:
         """Deliveries sent and not yet answered (the broker picks the least loaded connection)."""
         return self.session.inflight
 
-    def _busy(self) -> bool:
+    def busy(self) -> bool:
         """More frames are on their way: acks of messages being stored, or acks that free deliveries."""
         return self.session.inflight > 1 or self._handling.used > 1
 

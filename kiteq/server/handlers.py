@@ -46,6 +46,10 @@ class Requester(Protocol):
 
     def store_ack(self, opaque: int, message_id: str, stored: bool, feedback: str) -> None: ...
 
+    def busy(self) -> bool:
+        """More frames are on their way on this connection (other sends in flight)."""
+        ...
+
 
 class Handlers:
     def __init__(
@@ -116,7 +120,8 @@ class Handlers:
             for (_, entity, sent), new, now_or_later in zip(pending, staged.saved, deliver_now, strict=True):
                 if new and entity.commit and now_or_later:
                     self.dispatcher.submit(entity, sent)
-            await staged.durable()
+            # Not written on the loop's thread while the sender has more in flight.
+            await staged.durable(busy=requester.busy)
             store_ms = round((time.perf_counter() - started) * 1000, 3)
         # `failure`, not `exc`: compiled, that name keeps the type of the InvalidMessage above.
         except StoreError as failure:

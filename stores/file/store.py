@@ -37,14 +37,14 @@ its summary; the log is compacted into a snapshot when it outgrows both
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Container, Iterable, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Self
 
 import structlog
 import trio
 
-from stores.base import Cursor, DeadLetter, MessageStore, Page, Stage, Staged, StoreStats
+from stores.base import Cursor, DeadLetter, MessageStore, Page, Stage, Staged, StoreStats, nothing_coming
 from stores.entity import MessageEntity
 from stores.errors import StoreError, StoreUnavailable
 from stores.file import forked, layout, records
@@ -308,13 +308,13 @@ class FileStore(MessageStore):
             await trio.lowlevel.checkpoint()
 
     @staticmethod
-    async def _written(batches: Iterable[Batch | None]) -> None:
+    async def _written(batches: Iterable[Batch | None], *, busy: Callable[[], bool] = nothing_coming) -> None:
         """Like `_wait_for`, but a checkpoint only when a batch is still being written: for
         callers whose every turn of the event loop shows. `Staged.durable` is one: a lone
         save is written in place (`Writer.flush`), and its store-ack then goes out in the
-        same turn as its message came in."""
+        same turn as its message came in, unless `busy()` says more is on its way."""
         for batch in _distinct(batches):
-            await batch.wait(checkpoint=False)
+            await batch.wait(checkpoint=False, busy=busy)
 
     def _apply(self, writer: Writer, ops: Sequence[Op]) -> tuple[list[bool], Batch | None]:
         """Apply `ops` to the index and log them with one append: (answers, the batch to wait for).

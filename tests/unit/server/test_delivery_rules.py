@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -45,6 +45,7 @@ from protocol import Cmd, pb
 from protocol.schedule import DELIVER_AT, format_deliver_at
 from protocol.session import MessageReceived
 from stores import MessageEntity
+from stores.base import Staged, nothing_coming
 from stores.memory import MemoryStore
 from tests.wire import header
 
@@ -483,9 +484,13 @@ class AckedProducer:
     peer: str = "producer"
     group: str = "p"
     acks: list[tuple[bool, int]] = field(default_factory=list)
+    more_on_its_way: bool = False
 
     def store_ack(self, opaque: int, message_id: str, stored: bool, feedback: str) -> None:
         self.acks.append((stored, len(self.consumer.sent)))
+
+    def busy(self) -> bool:
+        return self.more_on_its_way
 
 
 def sent_message(opaque: int) -> MessageReceived:
@@ -504,3 +509,31 @@ async def test_on_a_store_with_nothing_to_sync_a_message_is_delivered_before_it_
     producer = AckedProducer(consumer)
     await handlers.produce(producer, [sent_message(1)])
     assert producer.acks == [(True, 1)], "acked once its delivery had gone out"
+
+
+async def test_a_save_asks_its_sender_whether_more_is_on_its_way(parts: Parts) -> None:
+    """The file store writes a save on the event loop's thread only while its sender has
+    nothing more on its way (docs/file-store.md): the handler hands the store the sender's
+    `busy`, for the store to ask at the moment of writing."""
+    asked: list[bool] = []
+    stage_many = parts.store.stage_many
+
+    async def staged_asking(entities: list[MessageEntity]) -> Staged:
+        staged = await stage_many(entities)
+
+        async def durable(*, busy: Callable[[], bool] = nothing_coming) -> None:
+            asked.append(busy())
+            await staged.durable()
+
+        return Staged(staged.saved, durable)
+
+    parts.store.stage_many = staged_asking  # type: ignore[method-assign]
+    handlers = Handlers(
+        parts.store, parts.dispatcher, parts.events, Acl({}), RefusalLog(), address="b", clock=parts.clock
+    )
+    producer = AckedProducer(FakePeer("c"))
+    await handlers.produce(producer, [sent_message(1)])
+    producer.more_on_its_way = True
+    await handlers.produce(producer, [sent_message(2)])
+    assert asked == [False, True]
+    assert [stored for stored, _ in producer.acks] == [True, True]

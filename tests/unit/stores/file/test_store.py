@@ -246,6 +246,39 @@ async def test_a_save_beside_ready_tasks_is_written_in_place_once_they_ran(
         assert (await store.stats()).details["fsyncs"] == 2
 
 
+async def test_a_save_whose_sender_has_more_on_its_way_goes_through_the_writer_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Written in place, it would hold the work of the sender's other messages up for a sync.
+    monkeypatch.setattr(idle, "IDLE_GRACE", 10.0)
+    writer_thread = f"kiteq-store-writer:{tmp_path}"
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch")) as store:
+        await store.save(message())
+        threads = record_writing_threads(monkeypatch)
+        staged = await store.stage_many([message()])
+        await staged.durable(busy=lambda: True)
+        assert threads == [writer_thread]
+
+        # Not busy when it is awaited, busy by the time the ready tasks have run: `busy`
+        # is asked at the moment of writing.
+        sending = False
+
+        async def next_read() -> None:
+            nonlocal sending
+            sending = True
+
+        staged = await store.stage_many([message()])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(next_read)
+            await staged.durable(busy=lambda: sending)
+        assert threads == [writer_thread, writer_thread]
+
+        staged = await store.stage_many([message()])
+        await staged.durable()
+        assert threads[2:] == [threading.main_thread().name], "a lone save is still written in place"
+        assert (await store.stats()).details["fsyncs"] == 4, "each save still synced before it returned"
+
+
 async def test_without_write_in_place_every_save_goes_through_the_writer_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
