@@ -112,9 +112,10 @@ class Staged:
     (`durable()` yields only if it has to wait: a producer's store-ack pays for every turn
     of the event loop).
 
-    `busy`, asked when the store would write them on the event loop's thread, says
-    whether more work is on its way there (their sender has other messages in flight):
-    then it must not, as the loop would hold that work up for a sync.
+    `durable(busy=...)`: `busy`, asked when the store would write them on the event
+    loop's thread, says whether more work is on its way there (their sender has other
+    messages in flight); if so, the store writes them elsewhere (the file store's
+    writer thread), since the loop would otherwise hold that work up for a sync.
     """
 
     saved: list[bool]
