@@ -139,15 +139,16 @@ class Batch:
         """
         yielded = False
         if not self.done.is_set():
-            if not busy() and self.writer.in_place_once_idle(self):
+            lone = not busy()
+            if lone and self.writer.in_place_once_idle(self):
                 yielded = True
                 try:
                     await idle.once_others_ran()
                 finally:
                     if not self.done.is_set():
-                        self.writer.flush(self, in_place=not busy())
+                        self.writer.flush(self, in_place=not busy())  # asked anew: the others ran
             else:
-                self.writer.flush(self, in_place=not busy())
+                self.writer.flush(self, in_place=lone)
         if self.done.is_set():
             if checkpoint and not yielded:
                 await trio.lowlevel.checkpoint()
