@@ -228,8 +228,9 @@ LATENCY = {
 }
 PACED = LATENCY | {" max": ("max_ms", "ms")}
 # What a phase's figures carry in their params from its clients' reports: sends resent,
-# deliveries received twice, and how late paced sends left (the producer's part of latency).
-REPORTED = ("refused", "duplicates", "late_p50_ms", "late_p99_ms")
+# deliveries received twice, how long sends waited for their store-acks / confirms, and how
+# late paced sends left (the producer's part of latency).
+REPORTED = ("refused", "duplicates", "ack_p50_ms", "ack_p99_ms", "late_p50_ms", "late_p99_ms")
 IDLE = "idle with backlog"
 
 # name -> (value, unit, the conditions it was measured under)

@@ -46,7 +46,8 @@ async def send_paced(
 
     def stored(message: Message, error: SendError | None) -> None:
         if error is None:
-            sends.confirm()
+            assert isinstance(message.body, bytes)
+            sends.confirm([sends.index_of(message.body)])
             on_stored(message)
         else:
             sends.refused += 1

@@ -123,7 +123,7 @@ class Publisher(Client):
             self.sends.refused += len(indexes)
             self.retries += indexes
         else:
-            self.sends.confirm(len(indexes))
+            self.sends.confirm(indexes)
         if self.sends.done:
             self.finish()
         else:

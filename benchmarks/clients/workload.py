@@ -62,6 +62,8 @@ class Sends:
         self.refused = 0  # sends the broker refused and the producer resent
         self.confirmed: list[float] = []
         self.lateness: list[float] = []  # paced: how long after its due time each send left
+        self.handed = [0.0] * count  # when each send was first handed to the client library
+        self.acked_after: list[float] = []  # seconds from each hand-off to its store-ack / confirm
         self.start()
 
     def start(self) -> None:
@@ -84,22 +86,36 @@ class Sends:
         return HEADER.pack(sent, self.first + index) + PADDING
 
     def left(self, index: int) -> None:
-        """Send `index` was handed to the client library just now (paced sends only: an
-        unpaced one is due at once, whenever it leaves)."""
+        """Send `index` was handed to the client library just now (the first time: a resend
+        is not). Paced, how late that was is kept too (an unpaced send is due at once,
+        whenever it leaves)."""
+        now = time.perf_counter()
+        self.handed[index] = now
         if self.rate is not None:
-            self.lateness.append(time.perf_counter() - self.due_at(index))
+            self.lateness.append(now - self.due_at(index))
 
-    def confirm(self, messages: int = 1) -> None:
-        self.confirmed.extend([time.perf_counter()] * messages)
+    def confirm(self, indexes: list[int]) -> None:
+        """The broker confirmed sends `indexes` (store-acks, or one publisher confirm for
+        several) just now."""
+        now = time.perf_counter()
+        self.confirmed.extend([now] * len(indexes))
+        self.acked_after.extend(now - self.handed[index] for index in indexes)
+
+    def index_of(self, body: bytes) -> int:
+        """The index of the send whose body this is (`body(index)`)."""
+        return int(HEADER.unpack_from(body)[1]) - self.first
 
     @property
     def done(self) -> bool:
         return len(self.confirmed) >= self.count
 
     def report(self) -> dict[str, object]:
-        """Confirmed sends per second, over the whole run and over each tenth of it; paced,
-        also how late the sends left (p50 and p99, ms): latency counts from the schedule,
-        so this says how much of it is the producer's own."""
+        """Confirmed sends per second, over the whole run and over each tenth of it; how
+        long a send waited for its store-ack or confirm after the producer handed it to
+        its client library (p50 and p99, ms: while that exceeds window / rate, a paced
+        producer's window is full and its sends wait); paced, also how late the sends left
+        (p50 and p99, ms): latency counts from the schedule, so this says how much of it
+        is the producer's own."""
         done = self.confirmed
         tenths = self.tenth_rates()
         report: dict[str, object] = {
@@ -111,6 +127,10 @@ class Sends:
             "last_tenth_rate": tenths[-1],
             "tenth_rates": tenths,
         }
+        if self.acked_after:
+            acked_after = [seconds * 1000 for seconds in self.acked_after]
+            report["ack_p50_ms"] = percentile(acked_after, 50)
+            report["ack_p99_ms"] = percentile(acked_after, 99)
         if self.lateness:
             late = [seconds * 1000 for seconds in self.lateness]
             report["late_p50_ms"] = percentile(late, 50)

@@ -49,3 +49,51 @@ def test_the_report_takes_its_first_and_last_tenth_from_the_tenths() -> None:
     assert report["first_tenth_rate"] == pytest.approx(1000.0)
     assert report["last_tenth_rate"] == pytest.approx(500.0)
     assert report["rate"] == pytest.approx(1000 / 1.1)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("events", "ack_p50", "ack_p99"),
+    [
+        # One at a time: each send confirmed 2 ms after it left.
+        ([("left", 0, 0.0), ("confirm", [0], 0.002), ("left", 1, 0.003), ("confirm", [1], 0.005)], 2.0, 2.0),
+        # One confirm for several (a publisher confirm with `multiple`), each counted from its own hand-off.
+        ([("left", 0, 0.0), ("left", 1, 0.004), ("confirm", [0, 1], 0.010)], 6.0, 10.0),
+        # Out of order (the first refused, say, and resent: handed to the library once).
+        ([("left", 0, 0.0), ("left", 1, 0.001), ("confirm", [1], 0.002), ("confirm", [0], 0.031)], 1.0, 31.0),
+    ],
+    ids=["one at a time", "one confirm for several", "out of order"],
+)
+def test_a_sends_ack_wait_runs_from_its_hand_off_to_its_confirmation(
+    monkeypatch: pytest.MonkeyPatch,
+    events: list[tuple[str, object, float]],
+    ack_p50: float,
+    ack_p99: float,
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr("benchmarks.clients.workload.time.perf_counter", clock)
+    sends = Sends(2, None, 100)
+    for kind, what, at in events:
+        clock.now = at
+        if kind == "left":
+            assert isinstance(what, int)
+            sends.left(what)
+        else:
+            assert isinstance(what, list)
+            sends.confirm(what)
+    report = sends.report()
+    assert report["ack_p50_ms"] == pytest.approx(ack_p50)
+    assert report["ack_p99_ms"] == pytest.approx(ack_p99)
+    assert "late_p50_ms" not in report  # unpaced: no schedule to be late for
+
+
+def test_a_body_names_its_send() -> None:
+    sends = Sends(3, None, 1000)
+    assert [sends.index_of(sends.body(index)) for index in range(3)] == [0, 1, 2]
