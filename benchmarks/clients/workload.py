@@ -14,6 +14,7 @@ import json
 import math
 import struct
 import time
+from collections.abc import Callable
 
 from benchmarks.harness import percentile
 
@@ -55,7 +56,10 @@ class Sends:
     falls behind the schedule shows as latency instead of hiding it.
     """
 
-    def __init__(self, count: int, rate: float | None, first: int) -> None:
+    def __init__(
+        self, count: int, rate: float | None, first: int, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self.clock = clock  # the pacing alarm (a timerfd) is armed on time.perf_counter's clock
         self.count = count
         self.rate = rate
         self.first = first
@@ -68,7 +72,7 @@ class Sends:
 
     def start(self) -> None:
         """The clock starts once connected: connecting is not part of the rate."""
-        self.started = time.perf_counter()
+        self.started = self.clock()
         self.wall_started = time.time()
 
     def due_at(self, index: int) -> float:
@@ -79,17 +83,17 @@ class Sends:
 
     def delay(self, index: int) -> float:
         """Seconds until send `index` is due (never positive when unpaced)."""
-        return self.due_at(index) - time.perf_counter()
+        return self.due_at(index) - self.clock()
 
     def body(self, index: int) -> bytes:
         sent = time.time() if self.rate is None else self.wall_started + index / self.rate
         return HEADER.pack(sent, self.first + index) + PADDING
 
     def left(self, index: int) -> None:
-        """Send `index` was handed to the client library just now (the first time: a resend
-        is not). Paced, how late that was is kept too (an unpaced send is due at once,
-        whenever it leaves)."""
-        now = time.perf_counter()
+        """Send `index` was handed to the client library just now, for the first time (a
+        resend is not reported). Paced, how late that was is kept too (an unpaced send is
+        due at once, whenever it leaves)."""
+        now = self.clock()
         self.handed[index] = now
         if self.rate is not None:
             self.lateness.append(now - self.due_at(index))
@@ -97,7 +101,7 @@ class Sends:
     def confirm(self, indexes: list[int]) -> None:
         """The broker confirmed sends `indexes` (store-acks, or one publisher confirm for
         several) just now."""
-        now = time.perf_counter()
+        now = self.clock()
         self.confirmed.extend([now] * len(indexes))
         self.acked_after.extend(now - self.handed[index] for index in indexes)
 

@@ -72,14 +72,10 @@ class FakeClock:
     ids=["one at a time", "one confirm for several", "out of order"],
 )
 def test_a_sends_ack_wait_runs_from_its_hand_off_to_its_confirmation(
-    monkeypatch: pytest.MonkeyPatch,
-    events: list[tuple[str, object, float]],
-    ack_p50: float,
-    ack_p99: float,
+    events: list[tuple[str, object, float]], ack_p50: float, ack_p99: float
 ) -> None:
     clock = FakeClock()
-    monkeypatch.setattr("benchmarks.clients.workload.time.perf_counter", clock)
-    sends = Sends(2, None, 100)
+    sends = Sends(2, None, 100, clock)
     for kind, what, at in events:
         clock.now = at
         if kind == "left":
