@@ -132,13 +132,9 @@ class Sends:
             "tenth_rates": tenths,
         }
         if self.acked_after:
-            acked_after = [seconds * 1000 for seconds in self.acked_after]
-            report["ack_p50_ms"] = percentile(acked_after, 50)
-            report["ack_p99_ms"] = percentile(acked_after, 99)
+            report |= _p50_p99_ms("ack", self.acked_after)
         if self.lateness:
-            late = [seconds * 1000 for seconds in self.lateness]
-            report["late_p50_ms"] = percentile(late, 50)
-            report["late_p99_ms"] = percentile(late, 99)
+            report |= _p50_p99_ms("late", self.lateness)
         return report
 
     def tenth_rates(self) -> list[float]:
@@ -197,6 +193,12 @@ class Tally:
             "p99_ms": percentile(self.latencies, 99),
             "max_ms": max(self.latencies, default=0.0),
         }
+
+
+def _p50_p99_ms(name: str, seconds: list[float]) -> dict[str, object]:
+    """`{name}_p50_ms` and `{name}_p99_ms` of durations given in seconds."""
+    millis = [value * 1000 for value in seconds]
+    return {f"{name}_p50_ms": percentile(millis, 50), f"{name}_p99_ms": percentile(millis, 99)}
 
 
 def _rate(messages: int, seconds: float) -> float:
