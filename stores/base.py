@@ -159,6 +159,12 @@ class MessageStore(AsyncResource):
 
     uri: str = ""
     durable: bool = True
+    # Whether `stage_many` returns without waiting (never yields): the broker then stages
+    # a read's messages in the connection's reader, which delivers them a turn of the
+    # event loop sooner than a task of their own would; only the wait for `durable()`
+    # gets a task. A store that waits to stage (MySQL's INSERT) keeps a task per read, so
+    # the reader goes on reading meanwhile.
+    stages_at_once: bool = False
 
     @abstractmethod
     async def start(self) -> None:

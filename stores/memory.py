@@ -24,6 +24,7 @@ from stores.waiting import WaitingTracker, summarize
 
 class MemoryStore(MessageStore):
     durable = False
+    stages_at_once = True  # stage_many never yields
 
     def __init__(self, uri: str = "memory://") -> None:
         self.uri = uri

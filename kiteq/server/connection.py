@@ -326,16 +326,31 @@ class BrokerConnection:
         A lone message on a connection with nothing else being handled (a producer awaiting
         each store-ack) is stored by the reader itself: a task of its own would cost a turn
         of the event loop, which its store-ack would wait for. A store that must wait (the
-        disk busy) then holds up only this connection's next reads.
+        disk busy) then holds up only this connection's next reads. Otherwise, on a store
+        that stages without waiting (`stages_at_once`), the reader stages them and hands
+        them to their groups itself, and only their wait for the sync and their store-acks
+        go to a task: a task of its own delivered them a turn later, and at 5,000 messages
+        a second on two cores that turn was a good part of a message's way (p50 about 30 %
+        lower with it saved and the pump's turn too, `Lane.take_slot_now`).
         """
+        handlers = self.host.handlers
         if len(messages) == 1 and not self._handling.used:
             await self._handling.take()
-            await self._run_bounded(1, self.host.handlers.produce, (self, messages))
+            await self._run_bounded(1, handlers.produce, (self, messages))
             return
         chunk = max(1, self._handling.limit)
         for start in range(0, len(messages), chunk):
             part = messages[start : start + chunk]
-            await self._spawn(len(part), self.host.handlers.produce, self, part)
+            if not handlers.stages_at_once:
+                await self._spawn(len(part), handlers.produce, self, part)
+                continue
+            await self._handling.take(len(part))
+            staged = await handlers.stage(self, part)
+            if staged is None:
+                self._handling.give(len(part))
+                continue
+            assert self._nursery is not None
+            self._nursery.start_soon(self._run_bounded, len(part), handlers.acknowledge, (self, staged))
 
     async def _spawn(self, weight: int, handler: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run a handler that waits (on the store) in a task, so the reader goes on reading.

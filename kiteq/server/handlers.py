@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
@@ -28,6 +29,7 @@ from protocol.logevents import LogEvent
 from protocol.schedule import deliver_at_of
 from protocol.session import CancelRequested, MessageReceived, TxDecision, quote
 from stores import MessageStore, StoreError, entity_from_wire, idle
+from stores.base import Staged
 from stores.entity import MessageEntity
 
 log = structlog.get_logger(__name__)
@@ -51,6 +53,17 @@ class Requester(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class StagedRead:
+    """A read's messages in the store's state, waiting to be durable: (opaque, entity, wire
+    body) of each, the store's answer, and when the read was handled and staged."""
+
+    pending: list[tuple[int, MessageEntity, bytes]]
+    staged: Staged
+    now: float
+    started: float
+
+
 class Handlers:
     def __init__(
         self,
@@ -72,6 +85,11 @@ class Handlers:
         self.clock = clock
         self.limits = Limits(max_delay=dispatcher.config.max_delay)
 
+    @property
+    def stages_at_once(self) -> bool:
+        """Whether `stage` returns without waiting (the store's `stages_at_once`)."""
+        return self.store.stages_at_once
+
     async def produce(self, requester: Requester, requests: Sequence[MessageReceived]) -> None:
         """Validate, stage, dispatch, then ack the messages of one read once durable.
 
@@ -81,7 +99,19 @@ class Handlers:
         fsync, a producer's store-ack always does. On a store with nothing to sync (the
         memory store) the ack waits instead for the tasks ready to run, the deliveries
         among them. A delayed one (`kiteq.deliverAt` ahead) is stored due then, and the
-        recover loop is told when.
+        recover loop is told when. The two halves, `stage` and `acknowledge`, may run in
+        different tasks: a connection's reader stages what it read, and a task of its own
+        waits for the sync (BrokerConnection._store).
+        """
+        staged = await self.stage(requester, requests)
+        if staged is not None:
+            await self.acknowledge(requester, staged)
+
+    async def stage(self, requester: Requester, requests: Sequence[MessageReceived]) -> StagedRead | None:
+        """Validate and stage a read's messages, and hand those due now to their groups.
+
+        What is refused (invalid, not allowed, or the store failed) is answered here, as is
+        a fly message; None when nothing is left to acknowledge.
         """
         now = self.clock()
         pending: list[tuple[int, MessageEntity, bytes]] = []
@@ -107,37 +137,40 @@ class Handlers:
                 continue
             pending.append((opaque, entity, sent))
         if not pending:
-            return
+            return None
         entities = [entity for _, entity, _ in pending]
         deliver_now = self.dispatcher.admit(entities, now)
+        started = time.perf_counter()
         try:
-            started = time.perf_counter()
             # No deadline here: every store bounds its own waits (a stalled disk, a database
             # that does not answer) and raises StoreError; a cancel scope per save cost the
             # broker a few per cent of its CPU per message.
             staged = await self.store.stage_many(entities)
-            # Delivered while the store syncs: a consumer never waits on an fsync.
-            for (_, entity, sent), new, now_or_later in zip(pending, staged.saved, deliver_now, strict=True):
-                if new and entity.commit and now_or_later:
-                    self.dispatcher.submit(entity, sent)
-            # Not written on the loop's thread while the sender has more in flight.
-            await staged.durable(busy=requester.busy)
-            store_ms = round((time.perf_counter() - started) * 1000, 3)
         # `failure`, not `exc`: compiled, that name keeps the type of the InvalidMessage above.
         except StoreError as failure:
-            log.warning(
-                "message.store_failed", conn=requester.peer, messages=len(entities), error=str(failure)
-            )
-            feedback = f"Store Result false: {failure}; resend the message"
-            for opaque, entity, _ in pending:
-                requester.store_ack(opaque, entity.message_id, False, feedback)
+            self._refuse(requester, pending, failure)
+            return None
+        # Delivered while the store syncs: a consumer never waits on an fsync.
+        for (_, entity, sent), new, now_or_later in zip(pending, staged.saved, deliver_now, strict=True):
+            if new and entity.commit and now_or_later:
+                self.dispatcher.submit(entity, sent)
+        return StagedRead(pending, staged, now, started)
+
+    async def acknowledge(self, requester: Requester, read: StagedRead) -> None:
+        """Ack a staged read's messages once they are as durable as the store promises."""
+        try:
+            # Not written on the loop's thread while the sender has more in flight.
+            await read.staged.durable(busy=requester.busy)
+            store_ms = round((time.perf_counter() - read.started) * 1000, 3)
+        except StoreError as failure:
+            self._refuse(requester, read.pending, failure)
             return
-        for (_, entity, _), stored in zip(pending, staged.saved, strict=True):
+        for (_, entity, _), stored in zip(read.pending, read.staged.saved, strict=True):
             if not stored:
                 continue
             groups = self.dispatcher.target_groups(entity) if self.events.recorded else None
             self.events.emit(LogEvent.STORED, entity, commit=entity.commit, groups=groups, store_ms=store_ms)
-            if (at := deliver_at_of(entity.properties)) is not None and at > now:
+            if (at := deliver_at_of(entity.properties)) is not None and at > read.now:
                 self.events.emit(LogEvent.SCHEDULED, entity, deliver_at=round(at * 1000), groups=groups)
                 if entity.commit:
                     self.dispatcher.on_retry(at)
@@ -148,8 +181,18 @@ class Handlers:
             # 1.9-2.2 and 5.1-5.2 once the tasks ready to run went first; stores/idle.py).
             await idle.after_ready_tasks()
         # Acked only now: a store-ack says the message is as durable as the store promises.
-        for (opaque, entity, _), stored in zip(pending, staged.saved, strict=True):
+        for (opaque, entity, _), stored in zip(read.pending, read.staged.saved, strict=True):
             requester.store_ack(opaque, entity.message_id, True, STORED if stored else STORED_BEFORE)
+
+    @staticmethod
+    def _refuse(
+        requester: Requester, pending: list[tuple[int, MessageEntity, bytes]], failure: StoreError
+    ) -> None:
+        """The store failed them: the producer is told to resend (stored ids are stored once)."""
+        log.warning("message.store_failed", conn=requester.peer, messages=len(pending), error=str(failure))
+        feedback = f"Store Result false: {failure}; resend the message"
+        for opaque, entity, _ in pending:
+            requester.store_ack(opaque, entity.message_id, False, feedback)
 
     async def cancel(self, requester: Requester, request: CancelRequested) -> None:
         """A producer's cancel of a scheduled message of its own group, answered either way."""

@@ -86,6 +86,7 @@ class FileStore(MessageStore):
     """The durable store of a single broker; see the module docstring."""
 
     durable = True
+    stages_at_once = True  # stage_many never yields
 
     def __init__(self, directory: Path, options: FileStoreOptions | None = None, *, uri: str = "") -> None:
         self.directory = Path(directory)

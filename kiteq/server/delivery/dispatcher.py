@@ -134,7 +134,14 @@ class Dispatcher:
                 self._unreachable(round_, binding)
                 continue
             lane = self.lanes.get(binding.key)
-            if lane is not None and lane.offer(Delivery(round_, lane, binding.group, self.resolve)):
+            if lane is None:
+                continue
+            delivery = Delivery(round_, lane, binding.group, self.resolve)
+            peer = self._peer_at_once(lane)
+            if peer is not None:
+                round_.offered(binding.group)
+                self._send(peer, delivery)
+            elif lane.offer(delivery):
                 round_.offered(binding.group)
             # else: no room; the group stays owed, and the recover loop offers it again.
         if round_.complete:
@@ -216,6 +223,26 @@ class Dispatcher:
             round_.skipped(binding.group)
             self.events.emit(LogEvent.DROPPED, round_.entity, group=binding.group, reason="no-consumer")
 
+    def _peer_at_once(self, lane: Lane) -> Peer | None:
+        """Where to send a new delivery of `lane` without its pump, its slot taken: when
+        that is what the pump would do next (`Lane.take_slot_now`) and a connection of the
+        group can take it. None: it goes through the lane's queue."""
+        if not lane.take_slot_now():
+            return None
+        peer = self.groups.pick(lane.group, self.clock())
+        if peer is None:
+            lane.free_slot()
+        return peer
+
+    def _send(self, peer: Peer, delivery: Delivery) -> None:
+        peer.deliver(delivery, self.config.deliver_timeout)
+        self.events.emit(
+            LogEvent.DELIVERED,
+            delivery.round.entity,
+            group=delivery.group,
+            attempt=delivery.round.entity.deliver_count + 1,
+        )
+
     async def _pump(self, lane: Lane) -> None:
         """Send the lane's deliveries, never more than its watermark unacked at once."""
         sent = 0
@@ -226,13 +253,7 @@ class Dispatcher:
                 lane.free_slot()
                 self._give_back(delivery)
                 continue
-            peer.deliver(delivery, self.config.deliver_timeout)
-            self.events.emit(
-                LogEvent.DELIVERED,
-                delivery.round.entity,
-                group=lane.group,
-                attempt=delivery.round.entity.deliver_count + 1,
-            )
+            self._send(peer, delivery)
             sent += 1
             if sent % PUMP_BURST == 0:  # a long burst still lets the rest of the broker run
                 await trio.lowlevel.checkpoint()

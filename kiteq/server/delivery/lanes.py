@@ -10,6 +10,12 @@ memory flat under any backlog.
 
 The queue is a deque, not a memory channel: a channel's `receive` yields on every
 item, and the pump would pay a trip through the scheduler per delivery.
+
+A delivery offered while the pump waits for one, with nothing queued and a slot free,
+may skip the queue (`take_slot_now`): its sender sends it at once, and the pump is not
+woken for it. Woken, the pump would send it a turn of the event loop later, behind
+everything else ready then; at 5,000 messages a second on two cores that turn was a
+third of a message's way from producer to consumer.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ class Lane:
     _queue: deque[Delivery] = field(default_factory=deque, init=False, repr=False)
     _arrived: trio.Event = field(default_factory=trio.Event, init=False, repr=False)
     _freed: trio.Event = field(default_factory=trio.Event, init=False, repr=False)
+    _pump_waiting: bool = field(default_factory=bool, init=False, repr=False)
 
     @property
     def group(self) -> str:
@@ -84,8 +91,21 @@ class Lane:
             if self.closed:
                 return None
             self._arrived = trio.Event()
-            await self._arrived.wait()
+            self._pump_waiting = True
+            try:
+                await self._arrived.wait()
+            finally:
+                self._pump_waiting = False
         return self._queue.popleft()
+
+    def take_slot_now(self) -> bool:
+        """Count a delivery in flight that skips the queue; False (nothing counted) unless
+        the pump waits for a delivery, none is queued, and a slot is free: only then is
+        sending it at once the same as the pump sending it next."""
+        if self.closed or not self._pump_waiting or self._queue or self.inflight >= self.binding.watermark:
+            return False
+        self.inflight += 1
+        return True
 
     async def take_slot(self) -> None:
         """Wait until fewer than `watermark` deliveries are in flight, then count one more."""

@@ -385,10 +385,13 @@ async def test_a_pass_stops_where_nothing_places_and_the_next_resumes_there(
             return await page_due(*args, **kwargs)  # type: ignore[arg-type]
 
         store.page_due = counting  # type: ignore[method-assign]
-        assert await recover.run_pass() == 2, "the lane holds two; the rest cannot be placed"
-        assert len(pages) == 2, "the second page placed nothing: the pass stopped"
+        placed = await recover.run_pass()
+        assert placed == 3, (
+            "one goes out at once (Lane.take_slot_now), the lane holds two; the rest cannot be placed"
+        )
+        assert len(pages) == 3, "the third page placed nothing: the pass stopped"
         await recover.run_pass()
-        assert pages[2] is not None and pages[2] > pages[1], "the next pass resumed after it"
+        assert pages[3] is not None and pages[3] > pages[2], "the next pass resumed after it"
         nursery.cancel_scope.cancel()
 
 
@@ -537,3 +540,44 @@ async def test_a_save_asks_its_sender_whether_more_is_on_its_way(parts: Parts) -
     await handlers.produce(producer, [sent_message(2)])
     assert asked == [False, True]
     assert [stored for stored, _ in producer.acks] == [True, True]
+
+
+# -- a delivery's way out -------------------------------------------------------------------
+
+
+async def staged_in_one_turn(
+    handlers: Handlers, producer: AckedProducer, requests: list[MessageReceived]
+) -> None:
+    """Stage a read as a connection's reader does, checking that it never yields (the
+    memory store stages at once): what was sent by then went out in the read's own turn."""
+    read = None
+    with trio.CancelScope() as scope:
+        scope.cancel()  # a checkpoint inside would raise Cancelled
+        read = await handlers.stage(producer, requests)
+    assert read is not None and not scope.cancelled_caught
+
+
+async def test_while_its_lane_is_idle_a_message_goes_out_in_the_turn_it_is_staged() -> None:
+    """Handed to the pump, a delivery went out a turn of the event loop later, behind
+    everything else ready then; sent by the reader that staged it, it goes at once. Once
+    one waits in the lane (here for the watermark), the rest queue behind it, in order."""
+    wired = wire(DeliveryConfig(deliver_timeout=5.0), [Binding.direct("t", "x", group="c", watermark=1)])
+    consumer = FakePeer("c")
+    wired.groups.add(consumer)
+    handlers = Handlers(
+        wired.store, wired.dispatcher, wired.events, Acl({}), RefusalLog(), address="b", clock=wired.clock
+    )
+    requests = [sent_message(opaque) for opaque in (1, 2, 3)]
+    async with wired.store, trio.open_nursery() as nursery:
+        await nursery.start(wired.dispatcher.run)
+        await trio.testing.wait_all_tasks_blocked()  # the pump waits for a delivery
+        await staged_in_one_turn(handlers, AckedProducer(consumer), requests)
+        assert len(consumer.sent) == 1, "the first went at once; the watermark of 1 holds the others"
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(consumer.sent) == 1, "the pump holds the second until a slot frees"
+        for count in (2, 3):
+            consumer.sent[count - 2][1].resolve(True)
+            await next_delivery(consumer, count)
+        nursery.cancel_scope.cancel()
+    sent_ids = [delivery.round.entity.message_id for _, delivery in consumer.sent]
+    assert sent_ids == [request.message.header.messageId for request in requests]

@@ -282,6 +282,35 @@ def test_a_lane_is_starved_once_an_offer_fills_it_or_is_refused(
     assert lane.room == capacity - sum(accepted)
 
 
+@pytest.mark.parametrize(
+    ("pump_waits", "queued", "inflight", "closed", "skips"),
+    [
+        (True, 0, 0, False, True),  # what the pump would send next, sent at once
+        (True, 0, 1, False, True),  # a slot still free under the watermark of 2
+        (False, 0, 0, False, False),  # the pump holds a delivery (for a slot, a peer): behind it
+        (True, 1, 0, False, False),  # one is queued: behind it, in order
+        (True, 0, 2, False, False),  # the watermark is reached: it waits in the queue
+        (True, 0, 0, True, False),  # closed: nothing more goes out
+    ],
+)
+async def test_a_delivery_skips_the_queue_only_when_the_pump_would_send_it_next(
+    pump_waits: bool, queued: int, inflight: int, closed: bool, skips: bool
+) -> None:
+    lane = Lane(Binding.direct("t", "x", group="g", watermark=2), capacity=10)
+    lane.inflight = inflight
+    round_ = Round.of(MessageEntity(uuid.uuid4().hex, "t", "x", "p", b"body"), frozenset({"g"}))
+    async with trio.open_nursery() as nursery:
+        if pump_waits:
+            nursery.start_soon(lane.next)
+            await trio.testing.wait_all_tasks_blocked()
+        for _ in range(queued):
+            assert lane.offer(Delivery(round_, lane, "g", lambda *_: None))
+        lane.closed = closed
+        assert lane.take_slot_now() is skips
+        assert lane.inflight == inflight + skips, "a slot is counted only for a delivery sent at once"
+        nursery.cancel_scope.cancel()
+
+
 async def test_lane_slots_hold_the_watermark_and_a_raised_watermark_frees_the_pump() -> None:
     lane = Lane(Binding.direct("trade", "pay-succ", group="sms", watermark=2), capacity=10)
     await lane.take_slot()
