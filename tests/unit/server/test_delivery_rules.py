@@ -376,6 +376,7 @@ async def test_a_pass_stops_where_nothing_places_and_the_next_resumes_there(
     groups.add(FakePeer("slow"))  # never answers: its lane fills and stays full
     async with store, trio.open_nursery() as nursery:
         await nursery.start(dispatcher.run)
+        await trio.testing.wait_all_tasks_blocked()  # the pumps wait for deliveries
         await store.save_many([entity(created_at=NOW, next_deliver_at=NOW) for _ in range(100)])
         pages: list[object] = []
         page_due = store.page_due
