@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import uuid
 
+import trio
+
 from protocol import Cmd
 from stores import DeadLetter, MessageEntity, MessageStore, Stage, StoreStats, open_store
 
@@ -390,8 +392,6 @@ async def test_state_survives_reopen(store: MessageStore, store_uri: str) -> Non
 
 
 async def test_many_concurrent_saves(store: MessageStore) -> None:
-    import trio
-
     entities = [new_entity() for _ in range(200)]
     async with trio.open_nursery() as nursery:
         for entity in entities:
@@ -399,6 +399,23 @@ async def test_many_concurrent_saves(store: MessageStore) -> None:
     for entity in entities[::17]:
         assert await store.get(entity.message_id) == entity
     assert (await store.stats()).messages == 200
+
+
+async def test_a_store_that_stages_at_once_never_yields_while_staging(store: MessageStore) -> None:
+    """The broker stages in a connection's reader on such a store (`stages_at_once`): a
+    checkpoint there would hold up the reader, and its deliveries. Another store stages in
+    a task of its own, and may wait."""
+    entities = [new_entity() for _ in range(3)]
+    if store.stages_at_once:
+        staged = None
+        with trio.CancelScope() as scope:
+            scope.cancel()  # a checkpoint inside would raise Cancelled
+            staged = await store.stage_many(entities)
+        assert not scope.cancelled_caught and staged is not None
+    else:
+        staged = await store.stage_many(entities)
+    assert staged.saved == [True, True, True]
+    await staged.durable()
 
 
 async def test_staged_messages_are_in_the_state_before_they_are_durable(
