@@ -349,8 +349,7 @@ class BrokerConnection:
             if staged is None:
                 self._handling.give(len(part))
                 continue
-            assert self._nursery is not None
-            self._nursery.start_soon(self._run_bounded, len(part), handlers.acknowledge, (self, staged))
+            self._start(len(part), handlers.acknowledge, (self, staged))
 
     async def _spawn(self, weight: int, handler: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run a handler that waits (on the store) in a task, so the reader goes on reading.
@@ -359,6 +358,10 @@ class BrokerConnection:
         being handled, the reader waits (and TCP slows the client down).
         """
         await self._handling.take(weight)
+        self._start(weight, handler, args)
+
+    def _start(self, weight: int, handler: Callable[..., Awaitable[None]], args: tuple[Any, ...]) -> None:
+        """Run `handler(*args)` in a task of its own, `weight` of the handling bound taken already."""
         assert self._nursery is not None
         self._nursery.start_soon(self._run_bounded, weight, handler, args)
 
