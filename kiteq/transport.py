@@ -21,15 +21,16 @@ allowed to grow our memory.
 
 Under load, one send per wake-up can still be one send per frame: a store-ack goes
 out, the next request comes in alone. So while the owner expects more frames
-(`expect_more`: requests in flight on this connection) and only control frames wait,
-the writer first lets every task that is ready to run now take its turn — readers
-handling a read's worth of frames, handlers finishing a save — and then sends
-everything they queued in one call. Bulk frames do not wait for that: the broker's
-pump queues deliveries in bursts already, and the tasks ready beside it are mostly the
-broker's bookkeeping (outcomes to store, pages to read), so waiting for them kept the
-consumer idle while the broker worked, and the two took turns instead of overlapping
-(measured: draining a backlog went 1.4x faster without that wait). It never waits on a
-timer: what coalesces is only what was queued at the same moment.
+(`expect_more`, the owner's say: on the broker, a connection's messages being stored or
+deliveries awaiting answers; in a client, requesters an answer woke that have not run
+yet) and only control frames wait, the writer first lets every task that is ready to
+run now take its turn — readers handling a read's worth of frames, handlers finishing a
+save — and then sends everything they queued in one call. Bulk frames do not wait for
+that: the broker's pump queues deliveries in bursts already, and the tasks ready beside
+it are mostly the broker's bookkeeping (outcomes to store, pages to read), so waiting
+for them kept the consumer idle while the broker worked, and the two took turns instead
+of overlapping (measured: draining a backlog went 1.4x faster without that wait). It
+never waits on a timer: what coalesces is only what was queued at the same moment.
 
 On an idle path the writer is not woken at all. A control frame queued while nothing
 else is (no frame waiting, the writer not sending, the owner expecting no more) is
