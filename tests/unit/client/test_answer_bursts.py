@@ -11,63 +11,48 @@ from __future__ import annotations
 
 import trio
 
-from kiteq.client.connection import ANSWER_BURST, ClientConnection, Credentials
-from protocol import Cmd, pb
-from protocol.framing import FrameDecoder, encode_frame
+from kiteq.client.connection import ANSWER_BURST
+from protocol import Cmd, encode_frame, pb
 from tests.helpers import TaskSteps
-from tests.wire import header
+from tests.raw_broker import connected_client, frames_after_auth, numbered_message
 
 WINDOW = 100
 
 
-def _message(index: int) -> pb.BytesMessage:
-    return pb.BytesMessage(header=header("order-svc", message_id=f"{index:032x}"), body=b"x")
-
-
 async def _broker(stream: trio.SocketStream) -> None:
-    """Accept the ConnMeta, then answer the first WINDOW messages with one write; read the rest."""
-    decoder = FrameDecoder(1 << 20)
+    """Answer the first WINDOW messages with one write; read the rest."""
     waiting: list[int] = []
-    answered = False
-    while data := await stream.receive_some(1 << 16):
-        for frame in decoder.feed(data):
-            if frame.cmd is Cmd.CONN_META:
-                await stream.send_all(
-                    encode_frame(frame.opaque, Cmd.CONN_AUTH_ACK, pb.ConnAuthAck(status=True, feedback="ok"))
-                )
-            elif frame.cmd is Cmd.BYTES_MESSAGE and not answered:
-                waiting.append(frame.opaque)
-        if len(waiting) == WINDOW and not answered:
-            answered = True
-            acks = [
-                encode_frame(
-                    opaque,
-                    Cmd.MESSAGE_STORE_ACK,
-                    pb.MessageStoreAck(messageId="", status=True, feedback="ok"),
-                )
-                for opaque in waiting
-            ]
-            await stream.send_all(b"".join(acks))
+    async for frame in frames_after_auth(stream):
+        if frame.cmd is Cmd.BYTES_MESSAGE and len(waiting) < WINDOW:
+            waiting.append(frame.opaque)
+            if len(waiting) == WINDOW:
+                acks = [
+                    encode_frame(
+                        opaque,
+                        Cmd.MESSAGE_STORE_ACK,
+                        pb.MessageStoreAck(messageId="", status=True, feedback="ok"),
+                    )
+                    for opaque in waiting
+                ]
+                await stream.send_all(b"".join(acks))
 
 
 async def test_the_writer_runs_before_every_answered_sender_has_resumed() -> None:
     assert ANSWER_BURST < WINDOW
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
     resumed: list[int] = []
     # How many of the woken senders had resumed each time the client's writer task ran.
     steps = TaskSteps("ClientConnection._write", observe=lambda: len(resumed))
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(trio.serve_listeners, _broker, listeners)
-        connection = ClientConnection(f"127.0.0.1:{port}", Credentials("order-svc", "secret"))
-        await nursery.start(connection.run)
+        connection = await connected_client(nursery, _broker)
         all_resumed = trio.Event()
 
         async def sender(index: int) -> None:
-            await connection.request(Cmd.BYTES_MESSAGE, _message(index), 5.0)
+            await connection.request(Cmd.BYTES_MESSAGE, numbered_message(index), 5.0)
             resumed.append(index)
             connection.send(
-                0, Cmd.TX_ACK, pb.TxACKPacket(header=_message(index).header, status=1, feedback="commit")
+                0,
+                Cmd.TX_ACK,
+                pb.TxACKPacket(header=numbered_message(index).header, status=1, feedback="commit"),
             )
             if len(resumed) == WINDOW:
                 all_resumed.set()
