@@ -255,7 +255,12 @@ class ClientConnection:
             self.session.forget(opaque)
 
     def request_nowait(
-        self, cmd: Cmd, message: object, timeout: float, on_answer: Callable[[object | None, bool], None]
+        self,
+        cmd: Cmd,
+        message: object,
+        timeout: float,
+        on_answer: Callable[[object | None, bool], None],
+        at_once: bool = True,
     ) -> None:
         """Send a request without waiting: `on_answer(answer, timed_out)` gets its answer, or
         None if none came within `timeout` (`timed_out`) or the connection closed first.
@@ -263,6 +268,8 @@ class ClientConnection:
         It is called from this connection's tasks, so it must not block. A request that
         waits in a task of its own costs that task two turns of the event loop; a sender
         keeping many requests in flight from one task (`Producer.pipeline`) pays neither.
+        `at_once=False`: the request waits for the connection's writer, to go out in one
+        write with the others the caller sends before yielding.
         """
         if self.framed is None or not self.alive:
             raise ConnectionClosed(f"connection to {self.address} is closed")
@@ -274,7 +281,7 @@ class ClientConnection:
         )
         self._requested.set()
         try:
-            self.framed.send(data)
+            self.framed.send(data, at_once)
         except BaseException:
             self.session.forget(opaque)  # raised instead: never answered as well
             raise

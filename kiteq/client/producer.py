@@ -160,10 +160,11 @@ class Producer(Client):
         return connection
 
     async def _store_nowait(
-        self, message: Message, compress: bool, on_stored: Callable[[SendError | None], None]
+        self, message: Message, compress: bool, on_stored: Callable[[SendError | None], None], at_once: bool
     ) -> None:
         """`_store` for a pipeline: returns once the message is on its way; `on_stored` gets
-        the outcome, once."""
+        the outcome, once. `at_once=False` leaves it for the connection's writer (see
+        `ClientConnection.request_nowait`)."""
         message.group = self.group
         try:
             connection = await self.pool.connection_for(message.topic, self.options.send_timeout)
@@ -176,7 +177,7 @@ class Producer(Client):
 
         try:
             connection.request_nowait(
-                message.cmd, message.to_wire(compress), self.options.send_timeout, answered
+                message.cmd, message.to_wire(compress), self.options.send_timeout, answered, at_once
             )
         except ConnectionClosed:
             answered(None, False)
