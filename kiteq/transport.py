@@ -35,15 +35,16 @@ never waits on a timer: what coalesces is only what was queued at the same momen
 On an idle path the writer is not woken at all. A control frame queued while nothing
 else is (no frame waiting, the writer not sending, the owner expecting no more) is
 written to the socket at once, from the caller's task, unless the caller says more
-follow before it yields (`send(data, at_once=False)`): then they go in one write. Waking the writer costs two turns
-of the event loop, which under load a whole batch shares and on an idle path one frame
-pays for alone: with a producer awaiting each store-ack, saving them here and in the store
-took 6-42 % off the broker's CPU per message (four runs in turns). Whatever the socket
-does not take goes to the head of the outbox, for the writer. Bulk frames always go
-through the writer, which alone bounds how much of them a control frame can find ahead
-of it (a slow reader's heartbeat replies came about a tenth later when idle deliveries
-went straight to its socket) and starts their timeouts as it hands them over. Over TLS
-every frame goes through the writer: the TLS stream is Trio's to drive.
+follow before it yields (`send(data, at_once=False)`): then they go in one write.
+Waking the writer costs two turns of the event loop, which under load a whole batch
+shares and on an idle path one frame pays for alone: with a producer awaiting each
+store-ack, saving them here and in the store took 6-42 % off the broker's CPU per
+message (four runs in turns). Whatever the socket does not take goes to the head of the
+outbox, for the writer. Bulk frames always go through the writer, which alone bounds
+how much of them a control frame can find ahead of it (a slow reader's heartbeat
+replies came about a tenth later when idle deliveries went straight to its socket) and
+starts their timeouts as it hands them over. Over TLS every frame goes through the
+writer: the TLS stream is Trio's to drive.
 
 The writer, too, writes a plain socket directly, and waits (`wait_writable`) only when
 the socket is full. Trio's `send_all` yields once more after a send that did not wait,
