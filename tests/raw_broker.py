@@ -35,6 +35,18 @@ async def frames_after_auth(stream: trio.SocketStream) -> AsyncIterator[Frame]:
                 yield frame
 
 
+async def silent_broker(
+    stream: trio.SocketStream, received: list[int], expected: int, all_in: trio.Event
+) -> None:
+    """Record the opaque of each message the client sends, answering none; set `all_in`
+    once `expected` have come."""
+    async for frame in frames_after_auth(stream):
+        if frame.cmd is Cmd.BYTES_MESSAGE:
+            received.append(frame.opaque)
+            if len(received) == expected:
+                all_in.set()
+
+
 async def connected_client(
     nursery: trio.Nursery, broker: Callable[[trio.SocketStream], Awaitable[None]]
 ) -> ClientConnection:

@@ -17,7 +17,7 @@ from kiteq import Message
 from kiteq.client.pipeline import SendPipeline
 from kiteq.errors import SendError
 from protocol import Cmd
-from tests.raw_broker import connected_client, frames_after_auth, numbered_message
+from tests.raw_broker import connected_client, numbered_message, silent_broker
 
 OnStored = Callable[[SendError | None], None]
 
@@ -66,15 +66,10 @@ async def test_which_sends_are_written_at_once(
 async def test_sends_left_for_the_writer_go_out_together_once_the_sender_yields() -> None:
     received: list[int] = []
     all_in = trio.Event()
-
-    async def broker(stream: trio.SocketStream) -> None:
-        async for frame in frames_after_auth(stream):
-            received.append(frame.opaque)
-            if len(received) == 3:
-                all_in.set()
-
     async with trio.open_nursery() as nursery:
-        connection = await connected_client(nursery, broker)
+        connection = await connected_client(
+            nursery, lambda stream: silent_broker(stream, received, 3, all_in)
+        )
         framed = connection.framed
         assert framed is not None
         before = framed.bytes_out

@@ -11,25 +11,18 @@ from __future__ import annotations
 import trio
 
 from protocol import Cmd
-from tests.raw_broker import connected_client, frames_after_auth, numbered_message
+from tests.raw_broker import connected_client, numbered_message, silent_broker
 
 SENDS = 5
-
-
-async def _silent_broker(stream: trio.SocketStream, received: list[int], all_in: trio.Event) -> None:
-    """Record the opaques of the messages and never answer them."""
-    async for frame in frames_after_auth(stream):
-        if frame.cmd is Cmd.BYTES_MESSAGE:
-            received.append(frame.opaque)
-            if len(received) == SENDS:
-                all_in.set()
 
 
 async def test_each_send_of_a_window_reaches_the_socket_before_the_sender_yields() -> None:
     received: list[int] = []
     all_in = trio.Event()
     async with trio.open_nursery() as nursery:
-        connection = await connected_client(nursery, lambda stream: _silent_broker(stream, received, all_in))
+        connection = await connected_client(
+            nursery, lambda stream: silent_broker(stream, received, SENDS, all_in)
+        )
         framed = connection.framed
         assert framed is not None
         written = []
