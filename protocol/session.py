@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import itertools
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from protocol import kiteq_pb2 as pb
@@ -134,7 +135,9 @@ class SessionError(ProtocolError):
 
 
 # -- events -------------------------------------------------------------------------------
-# NamedTuples: one or two of them are built per message that crosses the wire.
+# NamedTuples, but for the three built per message that crosses the wire (MessageReceived,
+# Answered, Request): classes with a written-out `__init__`, which mypyc compiles, where a
+# NamedTuple's `__new__` stays interpreted (docs/design.md, "compiled modules").
 
 
 class Hello(NamedTuple):
@@ -145,13 +148,20 @@ class Hello(NamedTuple):
     warmup_seconds: int
 
 
-class MessageReceived(NamedTuple):
+@dataclass(slots=True)
+class MessageReceived:
     """Broker: a message to store, sent as this session's own group."""
 
     opaque: int
     cmd: Cmd
     message: Any  # pb.BytesMessage | pb.StringMessage
     raw: bytes  # the body as received: delivered as is
+
+    def __init__(self, opaque: int, cmd: Cmd, message: Any, raw: bytes) -> None:
+        self.opaque = opaque
+        self.cmd = cmd
+        self.message = message
+        self.raw = raw
 
 
 class MessageRefused(NamedTuple):
@@ -161,11 +171,16 @@ class MessageRefused(NamedTuple):
     reason: str
 
 
-class Answered(NamedTuple):
+@dataclass(slots=True)
+class Answered:
     """An answer to a request this end sent; `request` is what `request()` was given."""
 
     request: Any
     answer: Any  # the decoded answer: DeliverAck, TxACKPacket, ConnAuthAck, MessageStoreAck, HeartBeat
+
+    def __init__(self, request: Any, answer: Any) -> None:
+        self.request = request
+        self.answer = answer
 
 
 class TxDecision(NamedTuple):
@@ -190,11 +205,16 @@ class CancelRequested(NamedTuple):
     group: str
 
 
-class Request(NamedTuple):
+@dataclass(slots=True)
+class Request:
     """Client: the broker asks something: a delivery (a message cmd) or a tx question."""
 
     frame: Frame
     body: Any
+
+    def __init__(self, frame: Frame, body: Any) -> None:
+        self.frame = frame
+        self.body = body
 
 
 class Ignored(NamedTuple):

@@ -47,6 +47,54 @@ class MessageEntity:
     dead_reason: str = ""
     broker: str = ""
 
+    # Written out: the generated one would stay interpreted (docs/design.md, "compiled
+    # modules"); an entity is built for every message received and every one paged.
+    def __init__(
+        self,
+        message_id: str,
+        topic: str,
+        message_type: str,
+        producer_group: str,
+        body: bytes,
+        kind: Cmd = BYTES,
+        expired_time: int = -1,
+        deliver_limit: int = 100,
+        commit: bool = True,
+        fly: bool = False,
+        properties: dict[str, str] | None = None,
+        create_time: int = 0,
+        snappy: bool = False,
+        created_at: float = 0.0,
+        deliver_count: int = 0,
+        next_deliver_at: float = 0.0,
+        succ_groups: tuple[str, ...] = (),
+        fail_groups: tuple[str, ...] = (),
+        dead: bool = False,
+        dead_reason: str = "",
+        broker: str = "",
+    ) -> None:
+        self.message_id = message_id
+        self.topic = topic
+        self.message_type = message_type
+        self.producer_group = producer_group
+        self.body = body
+        self.kind = kind
+        self.expired_time = expired_time
+        self.deliver_limit = deliver_limit
+        self.commit = commit
+        self.fly = fly
+        self.properties = {} if properties is None else properties
+        self.create_time = create_time
+        self.snappy = snappy
+        self.created_at = created_at
+        self.deliver_count = deliver_count
+        self.next_deliver_at = next_deliver_at
+        self.succ_groups = succ_groups
+        self.fail_groups = fail_groups
+        self.dead = dead
+        self.dead_reason = dead_reason
+        self.broker = broker
+
     def header(self) -> pb.Header:
         """The wire header, as the producer sent it (commit reflects the current state)."""
         header = pb.Header(

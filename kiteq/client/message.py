@@ -56,6 +56,40 @@ class Message:
     ttl: float | None = None
     deliver_count: int = 0
 
+    # Written out: the generated one would stay interpreted (docs/design.md, "compiled
+    # modules"), and a message is built for every one sent and received.
+    def __init__(
+        self,
+        topic: str,
+        message_type: str,
+        body: bytes | str,
+        message_id: str | None = None,
+        properties: dict[str, str] | None = None,
+        expired_time: int = -1,
+        deliver_limit: int = 100,
+        fly: bool = False,
+        commit: bool = True,
+        group: str = "",
+        create_time: int = 0,
+        snappy: bool = False,
+        ttl: float | None = None,
+        deliver_count: int = 0,
+    ) -> None:
+        self.topic = topic
+        self.message_type = message_type
+        self.body = body
+        self.message_id = new_message_id() if message_id is None else message_id
+        self.properties = {} if properties is None else properties
+        self.expired_time = expired_time
+        self.deliver_limit = deliver_limit
+        self.fly = fly
+        self.commit = commit
+        self.group = group
+        self.create_time = create_time
+        self.snappy = snappy
+        self.ttl = ttl
+        self.deliver_count = deliver_count
+
     @property
     def cmd(self) -> Cmd:
         return Cmd.STRING_MESSAGE if isinstance(self.body, str) else Cmd.BYTES_MESSAGE

@@ -116,8 +116,9 @@ class Handlers:
         now = self.clock()
         pending: list[tuple[int, MessageEntity, bytes]] = []
         acl = self.acl if self.acl.restricts else None
-        for opaque, cmd, message, sent in requests:
-            entity = entity_from_wire(cmd, message)
+        for request in requests:
+            opaque, sent = request.opaque, request.raw
+            entity = entity_from_wire(request.cmd, request.message)
             try:
                 validate_message(entity, now, self.limits)
                 if acl is not None and not acl.may_publish(requester.group, entity.topic):

@@ -41,6 +41,24 @@ class Delivery:
     opaque: int = 0
     sent_at: float = 0.0
 
+    # Written out: the generated one would stay interpreted (docs/design.md, "compiled
+    # modules"), and a delivery is built for every message and group.
+    def __init__(
+        self,
+        round: Round,
+        lane: Lane,
+        group: str,
+        settle: Callable[[Delivery, bool, str], None],
+        opaque: int = 0,
+        sent_at: float = 0.0,
+    ) -> None:
+        self.round = round
+        self.lane = lane
+        self.group = group
+        self.settle = settle
+        self.opaque = opaque
+        self.sent_at = sent_at
+
     def resolve(self, ok: bool, reason: str = "") -> None:
         self.settle(self, ok, reason)
 

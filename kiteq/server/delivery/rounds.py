@@ -46,6 +46,21 @@ class Outcome:
     deliver_count: int
     reason: str = ""
 
+    # Written out, as Round's: one per round (docs/design.md, "compiled modules").
+    def __init__(
+        self,
+        verdict: Verdict,
+        succ_groups: tuple[str, ...],
+        fail_groups: tuple[str, ...],
+        deliver_count: int,
+        reason: str = "",
+    ) -> None:
+        self.verdict = verdict
+        self.succ_groups = succ_groups
+        self.fail_groups = fail_groups
+        self.deliver_count = deliver_count
+        self.reason = reason
+
 
 @dataclass(eq=False, slots=True)
 class Round:
@@ -57,6 +72,28 @@ class Round:
     failed: dict[str, str] = field(default_factory=dict)
     pending: set[str] = field(default_factory=set)
     dispatched: bool = False
+
+    # Written out: the generated one would stay interpreted (docs/design.md, "compiled
+    # modules"), and a round is built for every message delivered.
+    def __init__(
+        self,
+        entity: MessageEntity,
+        cmd: Cmd,
+        body: bytes,
+        targets: frozenset[str],
+        succ: set[str] | None = None,
+        failed: dict[str, str] | None = None,
+        pending: set[str] | None = None,
+        dispatched: bool = False,
+    ) -> None:
+        self.entity = entity
+        self.cmd = cmd
+        self.body = body
+        self.targets = targets
+        self.succ = set() if succ is None else succ
+        self.failed = {} if failed is None else failed
+        self.pending = set() if pending is None else pending
+        self.dispatched = dispatched
 
     @classmethod
     def of(cls, entity: MessageEntity, targets: frozenset[str], sent: bytes = b"") -> Round:
