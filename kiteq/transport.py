@@ -50,7 +50,8 @@ The writer, too, writes a plain socket directly, and waits (`wait_writable`) onl
 the socket is full. Trio's `send_all` yields once more after a send that did not wait,
 a turn of the event loop per flush that an idle path paid for each delivery; the
 writer instead yields before sending on when more is queued, so it never keeps the
-others from running.
+others from running. Reads from a plain socket are direct too (`_receive`), with the
+checkpoints Trio's `receive_some` has.
 """
 
 from __future__ import annotations
@@ -214,9 +215,13 @@ class FramedStream:
 
         Returns at EOF or when the peer resets; whatever `on_data` raises ends it.
         """
+        socket = _plain_socket(self.stream)
         try:
             while True:
-                data = await self.stream.receive_some(self.read_size)
+                if socket is None:
+                    data = await self.stream.receive_some(self.read_size)
+                else:
+                    data = await _receive(socket, self.read_size)
                 if not data:
                     return
                 self.bytes_in += len(data)
@@ -255,6 +260,29 @@ class FramedStream:
                 raise trio.BrokenResourceError(str(exc)) from exc
             sent += written
         return sent, waited
+
+
+async def _receive(socket: trio.socket.SocketType, size: int) -> bytes:
+    """Up to `size` bytes read from a plain socket (b"" at EOF), with `receive_some`'s
+    checkpoints: a cancel point before, and a yield (the wait for data, or one that
+    cannot lose what was read) after.
+
+    Read directly: Trio's stream and socket wrappers run about a dozen interpreted
+    frames per read, 7 % of the broker's event-loop thread end to end."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    waited = False
+    while True:
+        try:
+            data = os.read(socket.fileno(), size)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(socket)
+            waited = True
+            continue
+        except OSError as exc:
+            raise trio.BrokenResourceError(str(exc)) from exc
+        if not waited:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return data
 
 
 def _stops(batch: list[bytes], first_bulk: int) -> Iterator[int]:

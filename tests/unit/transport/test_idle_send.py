@@ -5,23 +5,13 @@ before, and what the socket does not take goes out next, in order."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 
-import pytest
 import trio
 import trio.testing
 
 from kiteq.transport import FramedStream
 from tests.helpers import TaskSteps
-
-_open: list[socket.socket] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_sockets() -> Iterator[None]:
-    yield
-    while _open:
-        _open.pop().close()
+from tests.unit.transport.sockets import opened
 
 
 def _pair(*, send_buffer: int = 0) -> tuple[trio.SocketStream, socket.socket]:
@@ -30,7 +20,7 @@ def _pair(*, send_buffer: int = 0) -> tuple[trio.SocketStream, socket.socket]:
     if send_buffer:
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
     theirs.setblocking(False)
-    _open.extend((ours, theirs))
+    opened.extend((ours, theirs))
     return trio.SocketStream(trio.socket.from_stdlib_socket(ours)), theirs
 
 
