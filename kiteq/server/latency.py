@@ -143,18 +143,30 @@ class Window:
         return {"interval": self.last.summary(), "cumulative": self.cumulative.summary()}
 
 
+def merged(windows: Iterable[Window]) -> Window:
+    """A window counting every observation of `windows`: the all-groups figure, built when
+    read (per /stats, /metrics or history sample) rather than observed on every ack."""
+    total = Window()
+    for window in windows:
+        total.closed.add(window.closed)
+        total.current.add(window.current)
+        total.last.add(window.last)
+    return total
+
+
 class Latencies:
     """The broker's latency figures; `observe` is its `Events` observer.
 
     One `Window` per figure and per group that has acked a delivery (groups with a
-    binding), plus one over all groups: bounded by the bindings, not the traffic.
+    binding): bounded by the bindings, not the traffic. The figure over all groups
+    (ALL_GROUPS) is their `merged` sum.
     """
 
     def __init__(self, clock: WallClock) -> None:
         self.clock = clock
         self.store = Window()
-        self.end_to_end: dict[str, Window] = {ALL_GROUPS: Window()}
-        self.ack: dict[str, Window] = {ALL_GROUPS: Window()}
+        self.end_to_end: dict[str, Window] = {}
+        self.ack: dict[str, Window] = {}
 
     def observe(self, event: str, entity: MessageEntity, fields: dict[str, object]) -> None:
         """Only `stored` (with `store_ms`) and `acked` carry a latency (the broker subscribes
@@ -164,13 +176,9 @@ class Latencies:
             if group not in self.ack:
                 self.ack[group] = Window()
                 self.end_to_end[group] = Window()
-            ack = float(fields.get("latency_ms", 0.0)) / 1000  # type: ignore[arg-type]
-            self.ack[group].observe(ack)
-            self.ack[ALL_GROUPS].observe(ack)
+            self.ack[group].observe(float(fields.get("latency_ms", 0.0)) / 1000)  # type: ignore[arg-type]
             if entity.created_at:
-                end_to_end = max(0.0, self.clock() - entity.created_at)
-                self.end_to_end[group].observe(end_to_end)
-                self.end_to_end[ALL_GROUPS].observe(end_to_end)
+                self.end_to_end[group].observe(max(0.0, self.clock() - entity.created_at))
         elif event == "stored" and "store_ms" in fields:
             self.store.observe(float(fields["store_ms"]) / 1000)  # type: ignore[arg-type]
 
@@ -182,9 +190,10 @@ class Latencies:
                 window.roll()
         return self.interval()
 
-    def groups(self, windows: dict[str, Window]) -> dict[str, Window]:
-        """The per-group windows, without the all-groups one, sorted by group."""
-        return {group: windows[group] for group in sorted(windows) if group != ALL_GROUPS}
+    @staticmethod
+    def groups(windows: dict[str, Window]) -> dict[str, Window]:
+        """The per-group windows, sorted by group."""
+        return {group: windows[group] for group in sorted(windows)}
 
     def snapshot(self) -> dict[str, Any]:
         """The `latency` object of /stats (milliseconds)."""
@@ -192,7 +201,7 @@ class Latencies:
             "store": self.store.summary(),
             **{
                 name: {
-                    **windows[ALL_GROUPS].summary(),
+                    **merged(windows.values()).summary(),
                     "by_group": {group: window.summary() for group, window in self.groups(windows).items()},
                 }
                 for name, windows in (("end_to_end", self.end_to_end), ("ack", self.ack))
@@ -203,5 +212,5 @@ class Latencies:
         """The last closed interval's figures over all groups: what a history sample keeps."""
         return {
             "store": self.store.last.summary(),
-            "end_to_end": self.end_to_end[ALL_GROUPS].last.summary(),
+            "end_to_end": merged(self.end_to_end.values()).last.summary(),
         }

@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from kiteq.server.events import Events
-from kiteq.server.latency import ALL_GROUPS, QUANTILES, Histogram, Latencies
+from kiteq.server.latency import ALL_GROUPS, QUANTILES, Histogram, Latencies, merged
 
 # Event name -> (metric name without `_total`, help). Every event `Events.emit` sees.
 COUNTERS: dict[str, tuple[str, str]] = {
@@ -109,7 +109,7 @@ class BrokerMetrics(Collector):
         )
         figures = [("store", "", latency.store)]
         for kind, by_group in (("end_to_end", latency.end_to_end), ("ack", latency.ack)):
-            figures += [(kind, ALL_GROUPS, by_group[ALL_GROUPS])]
+            figures += [(kind, ALL_GROUPS, merged(by_group.values()))]
             figures += [(kind, group, window) for group, window in latency.groups(by_group).items()]
         for kind, group, window in figures:
             for name, histogram in (("interval", window.last), ("cumulative", window.cumulative)):
