@@ -11,17 +11,7 @@ import trio.testing
 
 from kiteq.transport import FramedStream
 from tests.helpers import TaskSteps
-from tests.unit.transport.sockets import opened
-
-
-def _pair(*, send_buffer: int = 0) -> tuple[trio.SocketStream, socket.socket]:
-    """Our end as a Trio stream; the peer's a plain non-blocking socket the test reads."""
-    ours, theirs = socket.socketpair()
-    if send_buffer:
-        ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
-    theirs.setblocking(False)
-    opened.extend((ours, theirs))
-    return trio.SocketStream(trio.socket.from_stdlib_socket(ours)), theirs
+from tests.unit.transport.sockets import pair
 
 
 def _read_all(peer: socket.socket) -> bytes:
@@ -37,7 +27,7 @@ def _read_all(peer: socket.socket) -> bytes:
 
 
 async def test_an_idle_frame_reaches_the_peer_without_the_writer() -> None:
-    stream, peer = _pair()
+    stream, peer = pair()
     framed = FramedStream(stream)  # no write loop runs at all
     framed.send(b"store-ack")
     assert _read_all(peer) == b"store-ack"
@@ -46,7 +36,7 @@ async def test_an_idle_frame_reaches_the_peer_without_the_writer() -> None:
 
 async def test_deliveries_go_through_the_writer_even_when_idle() -> None:
     sent: list[object] = []
-    stream, peer = _pair()
+    stream, peer = pair()
     framed = FramedStream(stream, on_sent=sent.extend)
     framed.send_bulk(b"delivery", "token")
     assert _read_all(peer) == b"" and sent == []
@@ -58,7 +48,7 @@ async def test_deliveries_go_through_the_writer_even_when_idle() -> None:
 
 
 async def test_under_load_frames_wait_for_the_writer() -> None:
-    stream, peer = _pair()
+    stream, peer = pair()
     framed = FramedStream(stream, expect_more=lambda: True)
     framed.send(b"a")
     framed.send_bulk(b"b", None)
@@ -71,7 +61,7 @@ async def test_under_load_frames_wait_for_the_writer() -> None:
 
 
 async def test_what_the_socket_does_not_take_goes_first_and_in_order() -> None:
-    stream, peer = _pair(send_buffer=4096)
+    stream, peer = pair(send_buffer=4096)
     framed = FramedStream(stream)
     big = bytes(range(256)) * 4096  # 1 MiB: far more than the socket takes at once
     framed.send(big)
@@ -88,7 +78,7 @@ async def test_what_the_socket_does_not_take_goes_first_and_in_order() -> None:
 
 
 async def test_a_frame_queued_while_the_writer_sends_waits_its_turn() -> None:
-    stream, peer = _pair(send_buffer=4096)
+    stream, peer = pair(send_buffer=4096)
     framed = FramedStream(stream, expect_more=lambda: True)
     big = b"x" * (1 << 20)
     framed.send(big)
@@ -106,7 +96,7 @@ async def test_a_frame_queued_while_the_writer_sends_waits_its_turn() -> None:
 
 
 async def test_a_closed_peer_ends_the_writer_not_the_sender() -> None:
-    stream, peer = _pair()
+    stream, peer = pair()
     peer.close()
     framed = FramedStream(stream)
     for _ in range(3):  # EPIPE on the first write or the next: never raised here
@@ -117,7 +107,7 @@ async def test_a_closed_peer_ends_the_writer_not_the_sender() -> None:
 
 
 async def test_over_tls_or_any_other_stream_frames_go_through_the_writer() -> None:
-    stream, peer = _pair()
+    stream, peer = pair()
     wrapped = trio.StapledStream(stream, stream)  # any stream but a plain socket
     framed = FramedStream(wrapped)
     framed.send(b"a")
@@ -132,7 +122,7 @@ async def test_over_tls_or_any_other_stream_frames_go_through_the_writer() -> No
 async def test_a_flush_the_socket_takes_at_once_costs_the_writer_one_step() -> None:
     # Trio's send_all yields once more after a send that did not wait: a turn of the
     # event loop per flush, which on an idle path each delivery paid for alone.
-    stream, peer = _pair()
+    stream, peer = pair()
     framed = FramedStream(stream)
     steps = TaskSteps("FramedStream.write_loop")
     async with trio.open_nursery() as nursery:
@@ -151,7 +141,7 @@ async def test_a_flush_the_socket_takes_at_once_costs_the_writer_one_step() -> N
 
 
 async def test_a_writer_that_keeps_finding_frames_still_lets_the_others_run() -> None:
-    stream, peer = _pair()
+    stream, peer = pair()
     sends: list[object] = []
 
     def queue_another(tokens: list[object]) -> None:
@@ -179,7 +169,7 @@ async def test_a_control_frame_queued_while_the_socket_is_full_waits_for_one_bul
 ):
     # A slow reader's heartbeat replies came behind a whole send's worth of deliveries
     # (256 KiB: over a second at 200 KB/s); now behind what the socket holds and one frame.
-    stream, peer = _pair(send_buffer=4096)
+    stream, peer = pair(send_buffer=4096)
     sent: list[object] = []
     framed = FramedStream(stream, on_sent=sent.extend)
     frames = [b"%05d" % index + b"." * 995 for index in range(100)]

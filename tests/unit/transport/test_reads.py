@@ -11,20 +11,13 @@ import trio
 import trio.testing
 
 from kiteq.transport import FramedStream
-from tests.unit.transport.sockets import opened
+from tests.unit.transport.sockets import opened, pair, stream_over
 
 
-def _framed(ours: socket.socket, read_size: int = 1 << 16) -> FramedStream:
-    opened.append(ours)
-    framed = FramedStream(trio.SocketStream(trio.socket.from_stdlib_socket(ours)))
+def _framed(stream: trio.SocketStream, read_size: int = 1 << 16) -> FramedStream:
+    framed = FramedStream(stream)
     framed.read_size = read_size
     return framed
-
-
-def _socketpair() -> tuple[socket.socket, socket.socket]:
-    ours, theirs = socket.socketpair()
-    opened.append(theirs)
-    return ours, theirs
 
 
 def _tcp_pair() -> tuple[socket.socket, socket.socket]:
@@ -36,8 +29,8 @@ def _tcp_pair() -> tuple[socket.socket, socket.socket]:
 
 
 async def test_every_byte_reaches_the_owner_in_order_until_eof() -> None:
-    ours, theirs = _socketpair()
-    framed = _framed(ours, read_size=1000)
+    stream, theirs = pair()
+    framed = _framed(stream, read_size=1000)
     sent = bytes(range(256)) * 40  # ten reads' worth and more
     theirs.sendall(sent)
     theirs.shutdown(socket.SHUT_WR)
@@ -54,7 +47,7 @@ async def test_every_byte_reaches_the_owner_in_order_until_eof() -> None:
 
 async def test_a_peer_that_resets_ends_the_loop_quietly() -> None:
     ours, theirs = _tcp_pair()
-    framed = _framed(ours)
+    framed = _framed(stream_over(ours))
     theirs.sendall(b"last words")
     theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     reads: list[bytes] = []
@@ -68,8 +61,8 @@ async def test_a_peer_that_resets_ends_the_loop_quietly() -> None:
 
 
 async def test_a_read_that_finds_data_waiting_still_lets_the_others_run() -> None:
-    ours, theirs = _socketpair()
-    framed = _framed(ours, read_size=100)
+    stream, theirs = pair()
+    framed = _framed(stream, read_size=100)
     theirs.sendall(b"x" * 1000)  # ten reads, each finding data at once
     theirs.shutdown(socket.SHUT_WR)
     turns = 0
@@ -96,8 +89,8 @@ async def test_a_read_that_finds_data_waiting_still_lets_the_others_run() -> Non
 
 
 async def test_a_cancelled_reader_reads_nothing() -> None:
-    ours, theirs = _socketpair()
-    framed = _framed(ours)
+    stream, theirs = pair()
+    framed = _framed(stream)
     theirs.sendall(b"keep me")
     reads: list[bytes] = []
 
@@ -114,8 +107,8 @@ async def test_a_cancelled_reader_reads_nothing() -> None:
 
 
 async def test_a_reader_waiting_for_data_is_woken_by_it() -> None:
-    ours, theirs = _socketpair()
-    framed = _framed(ours)
+    stream, theirs = pair()
+    framed = _framed(stream)
     reads: list[bytes] = []
 
     async def on_data(data: bytes | bytearray) -> None:
