@@ -29,6 +29,7 @@ COMPILED = [
     "protocol/framing.py",
     "protocol/schedule.py",
     "protocol/session.py",
+    "protocol/wire.py",
     "stores/entity.py",
     "stores/schedule.py",
     "stores/sortedids.py",

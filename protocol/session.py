@@ -45,6 +45,7 @@ from protocol.framing import (
     encode_frame,
     encode_raw_frame,
 )
+from protocol.wire import WireMessage, decode_message, encode_store_ack
 
 # What a peer may send before it authenticated: a ConnMeta is a group name, a secret
 # and an integer, well under 1 KiB; 4 KiB leaves room and keeps 10,000 silent peers
@@ -153,13 +154,11 @@ class MessageReceived:
     """Broker: a message to store, sent as this session's own group."""
 
     opaque: int
-    cmd: Cmd
-    message: Any  # pb.BytesMessage | pb.StringMessage
+    message: WireMessage
     raw: bytes  # the body as received: delivered as is
 
-    def __init__(self, opaque: int, cmd: Cmd, message: Any, raw: bytes) -> None:
+    def __init__(self, opaque: int, message: WireMessage, raw: bytes) -> None:
         self.opaque = opaque
-        self.cmd = cmd
         self.message = message
         self.raw = raw
 
@@ -210,7 +209,7 @@ class Request:
     """Client: the broker asks something: a delivery (a message cmd) or a tx question."""
 
     frame: Frame
-    body: Any
+    body: Any  # a WireMessage for a delivery, else the decoded protobuf message
 
     def __init__(self, frame: Frame, body: Any) -> None:
         self.frame = frame
@@ -350,7 +349,7 @@ class Session:
                 append(Ignored(cmd, f"{cmd.name} is not sent to the {self.role.value}"))
                 continue
             try:
-                body = decode_body(frame)
+                body: Any = decode_message(frame) if cmd in MESSAGE_CMDS else decode_body(frame)
             except ProtocolError as exc:
                 append(self._undecodable(frame, exc))
                 continue
@@ -363,7 +362,7 @@ class Session:
                 if entry[2] in MESSAGE_CMDS:
                     self.inflight -= 1
                 if cmd is _CONN_AUTH_ACK:
-                    self.state = State.OPEN if body.status else State.CLOSED  # type: ignore[attr-defined]
+                    self.state = State.OPEN if body.status else State.CLOSED
                 append(Answered(entry[0], body))
             elif cmd in MESSAGE_CMDS:
                 append(self._message(frame, body) if broker else Request(frame, body))
@@ -372,20 +371,20 @@ class Session:
             elif cmd is _HEARTBEAT:  # the client's ping, echoed under its opaque
                 self.outgoing.append(encode_frame(frame.opaque, _HEARTBEAT, body))
             elif cmd is _CANCEL:
-                append(CancelRequested(frame.opaque, body.header.messageId, self.group))  # type: ignore[attr-defined]
+                append(CancelRequested(frame.opaque, body.header.messageId, self.group))
             else:  # the broker: a ConnMeta once open
                 append(self._hello_again(frame, body))
         return events
 
-    def _message(self, frame: Frame, message: Any) -> Event:
-        sender = message.header.groupId
+    def _message(self, frame: Frame, message: WireMessage) -> Event:
+        sender = message.group
         if sender == self.group:
-            return MessageReceived(frame.opaque, frame.cmd, message, frame.body)
+            return MessageReceived(frame.opaque, message, frame.body)
         reason = (
             f"header.groupId {quote(sender)} is not this connection's group {quote(self.group)}: "
             "a connection sends only as the group it authenticated as"
         )
-        message_id = message.header.messageId
+        message_id = message.message_id
         self.outgoing.append(self.store_ack(frame.opaque, message_id, False, reason))
         return MessageRefused(message_id, reason)
 
@@ -452,18 +451,18 @@ class Session:
             self.inflight += 1
         return opaque, encode_raw_frame(opaque, cmd, body)
 
-    def send(self, opaque: int, cmd: Cmd, message: Any) -> bytes:
-        """A frame that expects no answer: an answer under the request's opaque, or a one-way decision."""
+    def send(self, opaque: int, cmd: Cmd, body: bytes) -> bytes:
+        """A frame that expects no answer (`body` serialized): an answer under the request's
+        opaque, or a one-way decision."""
         if self.state is not State.OPEN:
             raise ProtocolError(f"cannot send {cmd.name}: the session is {self.state.value}")
         if cmd not in ONE_WAY[self.role]:
             raise ProtocolError(f"the {self.role.value} does not send {cmd.name} without a request")
-        return encode_frame(opaque, cmd, message)
+        return encode_raw_frame(opaque, cmd, body)
 
     def store_ack(self, opaque: int, message_id: str, stored: bool, feedback: str) -> bytes:
         """Broker: the answer to a message, once it is stored (or why not)."""
-        ack = pb.MessageStoreAck(messageId=message_id, status=stored, feedback=feedback)
-        return encode_frame(opaque, Cmd.MESSAGE_STORE_ACK, ack)
+        return encode_raw_frame(opaque, Cmd.MESSAGE_STORE_ACK, encode_store_ack(message_id, stored, feedback))
 
     def restart_deadline(self, opaque: int, deadline: float) -> None:
         """Move a pending request's deadline (the broker starts a delivery's when it reached the socket)."""

@@ -6,10 +6,10 @@ message; the state fields are the broker's bookkeeping, written only by the brok
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 
 from protocol import Cmd, pb
+from protocol.wire import WireMessage, encode_message
 
 BYTES = Cmd.BYTES_MESSAGE
 STRING = Cmd.STRING_MESSAGE
@@ -120,36 +120,23 @@ class MessageEntity:
         return pb.BytesMessage(header=self.header(), body=self.body)
 
     def wire_bytes(self, extra_properties: tuple[tuple[str, str], ...] = ()) -> bytes:
-        """`to_wire()` serialized, with `extra_properties` after the message's own: the same bytes.
-
-        Built without protobuf objects, from cached pieces (the header fields that messages
-        of one topic, group and second share), because every message paged from a store
-        is serialized on its way out, and the objects cost more than the rest of its delivery.
-        """
-        message_id = self.message_id.encode()
-        properties = b"".join(
-            _property(key, value) for key, value in (*self.properties.items(), *extra_properties)
+        """`to_wire()` serialized, with `extra_properties` after the message's own: the same bytes,
+        built without protobuf objects (`protocol.wire`): every message paged from a store is
+        serialized on its way out."""
+        return encode_message(
+            self.message_id,
+            self.topic,
+            self.message_type,
+            self.expired_time,
+            self.deliver_limit,
+            self.producer_group,
+            self.commit,
+            self.fly,
+            [*self.properties.items(), *extra_properties],
+            self.create_time,
+            self.snappy,
+            self.body,
         )
-        header = b"".join(
-            (
-                _FIELD_1,
-                _varint(len(message_id)),
-                message_id,
-                _shared_header_fields(
-                    self.topic,
-                    self.message_type,
-                    self.expired_time,
-                    self.deliver_limit,
-                    self.producer_group,
-                    self.commit,
-                    self.fly,
-                ),
-                properties,
-                _header_tail(self.create_time, self.snappy),
-            )
-        )
-        body = self.body
-        return b"".join((_FIELD_1, _varint(len(header)), header, _FIELD_2, _varint(len(body)), body))
 
     def is_expired(self, now: float) -> bool:
         return self.expired_time > 0 and now >= self.expired_time
@@ -183,84 +170,25 @@ class MessageEntity:
         )
 
 
-def entity_from_wire(kind: Cmd, message: pb.BytesMessage | pb.StringMessage) -> MessageEntity:
+def entity_from_wire(message: WireMessage) -> MessageEntity:
     """Build an entity from a received BytesMessage/StringMessage (state fields zeroed).
 
     Positional arguments, in field order: once per message received, and keyword
     matching of 13 arguments costs as much as reading the header.
     """
-    header = message.header
-    body = message.body.encode("utf-8") if isinstance(message, pb.StringMessage) else message.body
-    properties = header.properties
+    body = message.body
     return MessageEntity(
-        header.messageId,
-        header.topic,
-        header.messageType,
-        header.groupId,
-        body,
-        kind if type(kind) is Cmd else Cmd(kind),
-        header.expiredTime,
-        header.deliverLimit,
-        header.commit,
-        header.fly,
-        {entry.key: entry.value for entry in properties} if properties else {},
-        header.createTime,
-        header.snappy,
+        message.message_id,
+        message.topic,
+        message.message_type,
+        message.group,
+        body.encode() if isinstance(body, str) else body,
+        message.cmd,
+        message.expired_time,
+        message.deliver_limit,
+        message.commit,
+        message.fly,
+        message.properties,
+        message.create_time,
+        message.snappy,
     )
-
-
-# Length-delimited fields 1 and 2 (a header's messageId, a message's header; an entry's
-# key, a message's body), field 9 (a header's properties).
-_FIELD_1 = b"\x0a"
-_FIELD_2 = b"\x12"
-_FIELD_9 = b"\x4a"
-_ONE_BYTE = [bytes([n]) for n in range(0x80)]
-
-
-def _varint(n: int) -> bytes:
-    """A length as protobuf encodes it."""
-    if n < 0x80:
-        return _ONE_BYTE[n]
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-@functools.lru_cache(maxsize=1024)
-def _property(key: str, value: str) -> bytes:
-    """One `properties` entry of a header (the few that recur, as a deliver count, are cached)."""
-    k, v = key.encode(), value.encode()
-    entry = b"".join((_FIELD_1, _varint(len(k)), k, _FIELD_2, _varint(len(v)), v))
-    return b"".join((_FIELD_9, _varint(len(entry)), entry))
-
-
-@functools.lru_cache(maxsize=1024)
-def _shared_header_fields(
-    topic: str,
-    message_type: str,
-    expired_time: int,
-    deliver_limit: int,
-    group: str,
-    commit: bool,
-    fly: bool,
-) -> bytes:
-    """Header fields 2-8, as protobuf serializes them (they precede the properties, field 9)."""
-    header = pb.Header(
-        topic=topic,
-        messageType=message_type,
-        expiredTime=expired_time,
-        deliverLimit=deliver_limit,
-        groupId=group,
-        commit=commit,
-        fly=fly,
-    )
-    return header.SerializePartialToString()
-
-
-@functools.lru_cache(maxsize=1024)
-def _header_tail(create_time: int, snappy: bool) -> bytes:
-    """Header fields 10 and 11, which follow the properties."""
-    return pb.Header(createTime=create_time, snappy=snappy).SerializePartialToString()

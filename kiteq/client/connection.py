@@ -228,7 +228,11 @@ class ClientConnection:
         while self.alive:
             await trio.sleep(HEARTBEAT_INTERVAL)
             try:
-                await self.request(Cmd.HEARTBEAT, pb.HeartBeat(version=int(time.time())), HEARTBEAT_TIMEOUT)
+                await self.request(
+                    Cmd.HEARTBEAT,
+                    pb.HeartBeat(version=int(time.time())).SerializeToString(),
+                    HEARTBEAT_TIMEOUT,
+                )
                 misses = 0
             except (trio.TooSlowError, ConnectionClosed):
                 misses += 1
@@ -236,17 +240,13 @@ class ClientConnection:
                     self.log.warning("client.heartbeat_lost", misses=misses)
                     return
 
-    async def request(self, cmd: Cmd, message: object, timeout: float) -> object:
-        """Send and wait for the answer with the same opaque; TooSlowError after `timeout`."""
+    async def request(self, cmd: Cmd, body: bytes, timeout: float) -> object:
+        """Send `body` (serialized) and wait for the answer with the same opaque; TooSlowError
+        after `timeout`."""
         if self.framed is None or not self.alive:
             raise ConnectionClosed(f"connection to {self.address} is closed")
         waiter = _Waiter()
-        opaque, data = self.session.request(
-            cmd,
-            message.SerializeToString(),  # type: ignore[attr-defined]
-            waiter,
-            trio.current_time() + timeout,
-        )
+        opaque, data = self.session.request(cmd, body, waiter, trio.current_time() + timeout)
         self._requested.set()
         try:
             self.framed.send(data)
@@ -257,7 +257,7 @@ class ClientConnection:
     def request_nowait(
         self,
         cmd: Cmd,
-        message: object,
+        body: bytes,
         timeout: float,
         on_answer: Callable[[object | None, bool], None],
         at_once: bool = True,
@@ -273,12 +273,7 @@ class ClientConnection:
         """
         if self.framed is None or not self.alive:
             raise ConnectionClosed(f"connection to {self.address} is closed")
-        opaque, data = self.session.request(
-            cmd,
-            message.SerializeToString(),  # type: ignore[attr-defined]
-            _Callback(on_answer),
-            trio.current_time() + timeout,
-        )
+        opaque, data = self.session.request(cmd, body, _Callback(on_answer), trio.current_time() + timeout)
         self._requested.set()
         try:
             self.framed.send(data, at_once)
@@ -310,11 +305,11 @@ class ClientConnection:
             for waiter in self.session.expire(trio.current_time()):
                 waiter.finish(timed_out=True)
 
-    def send(self, opaque: int, cmd: Cmd, message: object) -> None:
-        """Send without waiting for an answer (acks, tx decisions and answers)."""
+    def send(self, opaque: int, cmd: Cmd, body: bytes) -> None:
+        """Send `body` (serialized) without waiting for an answer (acks, tx decisions and answers)."""
         if self.framed is None or self.framed.closed:
             raise ConnectionClosed(f"connection to {self.address} is closed")
-        self.framed.send(self.session.send(opaque, cmd, message))
+        self.framed.send(self.session.send(opaque, cmd, body))
 
     async def _on_data(self, data: bytes | bytearray) -> None:
         answered = 0

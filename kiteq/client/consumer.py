@@ -16,8 +16,9 @@ from kiteq.client.message import Message
 from kiteq.client.options import ConsumerOptions, keyword_options
 from kiteq.errors import ConnectionClosed
 from kiteq.registry import Binding, Registry
-from protocol import MESSAGE_CMDS, Cmd, Frame, pb
+from protocol import MESSAGE_CMDS, Cmd, Frame
 from protocol.logevents import LogEvent
+from protocol.wire import WireMessage, encode_deliver_ack
 
 log = structlog.get_logger(__name__)
 
@@ -124,7 +125,7 @@ class Consumer(Client):
                 await self._idle_workers.park()
 
     async def _process(self, connection: ClientConnection, opaque: int, wire: object) -> None:
-        assert isinstance(wire, pb.BytesMessage | pb.StringMessage)
+        assert isinstance(wire, WireMessage)
         message = Message.from_wire(wire)
         if message.snappy:
             _decompress(message)
@@ -146,13 +147,13 @@ class Consumer(Client):
             connection.send(
                 opaque,
                 Cmd.DELIVER_ACK,
-                pb.DeliverAck(
-                    messageId=message.message_id,
-                    topic=message.topic,
-                    messageType=message.message_type,
-                    groupId=message.group,
-                    status=ok,
-                    feedback=feedback or ("ok" if ok else "listener returned False"),
+                encode_deliver_ack(
+                    message.message_id,
+                    message.topic,
+                    message.message_type,
+                    message.group,
+                    ok,
+                    feedback or ("ok" if ok else "listener returned False"),
                 ),
             )
             if ok:

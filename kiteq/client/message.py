@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from kiteq.client.compression import compress as snappy_compress
 from protocol import Cmd, pb
 from protocol.schedule import DELIVER_AT, deliver_at_of, format_deliver_at
+from protocol.wire import WireMessage, encode_message, from_header
 
 # Set by the broker on every delivery (see kiteq.server.delivery.rounds).
 DELIVER_COUNT_PROPERTY = "kiteq.deliverCount"
@@ -99,18 +100,25 @@ class Message:
         self._fill(header)
         return header
 
-    def to_wire(self, compress: bool = False) -> pb.BytesMessage | pb.StringMessage:
-        """The wire message; `compress` sends the body snappy-compressed and flagged, as KiteQ's Go client."""
+    def encode(self, compress: bool = False) -> bytes:
+        """The serialized BytesMessage or StringMessage (`cmd` says which); `compress` sends the
+        body snappy-compressed and flagged, as KiteQ's Go client. Built without protobuf's
+        objects (`protocol.wire`): one per message sent."""
         body = snappy_compress(self.body) if compress else self.body
-        # The header is filled in place: building it apart and passing it in copies it.
-        if isinstance(body, str):
-            wire: pb.BytesMessage | pb.StringMessage = pb.StringMessage(body=body)
-        else:
-            wire = pb.BytesMessage(body=bytes(body))
-        self._fill(wire.header)
-        if compress:
-            wire.header.snappy = True
-        return wire
+        return encode_message(
+            self.message_id,
+            self.topic,
+            self.message_type,
+            self._expired_time(),
+            self.deliver_limit,
+            self.group,
+            self.commit,
+            self.fly,
+            list(self.properties.items()),
+            self.create_time or int(time.time()),
+            self.snappy or compress,
+            body.encode() if isinstance(body, str) else bytes(body),
+        )
 
     @property
     def deliver_at(self) -> float | None:
@@ -121,13 +129,17 @@ class Message:
         """Ask for delivery no earlier than Unix time `at` (sets the kiteq.deliverAt property)."""
         self.properties[DELIVER_AT] = format_deliver_at(at)
 
+    def _expired_time(self) -> int:
+        if self.ttl is None:
+            return self.expired_time
+        # A delayed message's ttl counts from when it is due.
+        return int((self.deliver_at or time.time()) + self.ttl)
+
     def _fill(self, header: pb.Header) -> None:
         header.messageId = self.message_id
         header.topic = self.topic
         header.messageType = self.message_type
-        # A delayed message's ttl counts from when it is due.
-        lives_from = self.deliver_at or time.time()
-        header.expiredTime = self.expired_time if self.ttl is None else int(lives_from + self.ttl)
+        header.expiredTime = self._expired_time()
         header.deliverLimit = self.deliver_limit
         header.groupId = self.group
         header.commit = self.commit
@@ -139,27 +151,29 @@ class Message:
 
     @classmethod
     def from_header(cls, header: pb.Header, body: bytes | str) -> Message:
-        # Positional arguments, in field order: once per delivery, and keyword matching
-        # of 14 arguments costs as much as reading the header.
-        properties = {entry.key: entry.value for entry in header.properties}
+        """A message of a protobuf header (a transaction check's)."""
+        kind = Cmd.STRING_MESSAGE if isinstance(body, str) else Cmd.BYTES_MESSAGE
+        return cls.from_wire(from_header(kind, header, body))
+
+    @classmethod
+    def from_wire(cls, message: WireMessage) -> Message:
+        """A delivery as received. Positional arguments, in field order: once per delivery,
+        and keyword matching of 14 arguments costs as much as reading the header."""
+        properties = message.properties
         deliver_count = int(properties.pop(DELIVER_COUNT_PROPERTY, "0") or 0)
         return cls(
-            header.topic,
-            header.messageType,
-            body,
-            header.messageId,
+            message.topic,
+            message.message_type,
+            message.body,
+            message.message_id,
             properties,
-            header.expiredTime,
-            header.deliverLimit,
-            header.fly,
-            header.commit,
-            header.groupId,
-            header.createTime,
-            header.snappy,
+            message.expired_time,
+            message.deliver_limit,
+            message.fly,
+            message.commit,
+            message.group,
+            message.create_time,
+            message.snappy,
             None,  # ttl: a received message has its expiredTime
             deliver_count,
         )
-
-    @classmethod
-    def from_wire(cls, message: pb.BytesMessage | pb.StringMessage) -> Message:
-        return cls.from_header(message.header, message.body)

@@ -121,7 +121,9 @@ class Producer(Client):
         reasons = []
         for connection in self.pool.live():
             try:
-                answer = await connection.request(Cmd.CANCEL, packet, self.options.send_timeout)
+                answer = await connection.request(
+                    Cmd.CANCEL, packet.SerializeToString(), self.options.send_timeout
+                )
             except (trio.TooSlowError, ConnectionClosed) as exc:
                 reasons.append(f"{connection.address}: {exc or 'no answer'}")
                 continue
@@ -149,7 +151,7 @@ class Producer(Client):
         connection = await self.pool.connection_for(message.topic, self.options.send_timeout)
         timed_out = False
         try:
-            ack = await connection.request(message.cmd, message.to_wire(compress), self.options.send_timeout)
+            ack = await connection.request(message.cmd, message.encode(compress), self.options.send_timeout)
         except trio.TooSlowError:
             ack, timed_out = None, True
         except ConnectionClosed:
@@ -177,7 +179,7 @@ class Producer(Client):
 
         try:
             connection.request_nowait(
-                message.cmd, message.to_wire(compress), self.options.send_timeout, answered, at_once
+                message.cmd, message.encode(compress), self.options.send_timeout, answered, at_once
             )
         except ConnectionClosed:
             answered(None, False)
@@ -280,7 +282,7 @@ class Producer(Client):
         try:
             if live is None:
                 raise ConnectionClosed(f"broker {connection.address} is unreachable")
-            live.send(0, Cmd.TX_ACK, packet)
+            live.send(0, Cmd.TX_ACK, packet.SerializeToString())
         except ConnectionClosed as exc:
             log.warning(
                 "producer.decision_not_sent",
@@ -327,9 +329,8 @@ class Producer(Client):
                 status, feedback = TxStatus.UNKNOWN, f"check failed: {exc}"
                 log.warning("producer.check_failed", message_id=message.message_id, error=str(exc))
         try:
-            connection.send(
-                opaque, Cmd.TX_ACK, pb.TxACKPacket(header=packet.header, status=status, feedback=feedback)
-            )
+            answer = pb.TxACKPacket(header=packet.header, status=status, feedback=feedback)
+            connection.send(opaque, Cmd.TX_ACK, answer.SerializeToString())
         except ConnectionClosed:
             return
 

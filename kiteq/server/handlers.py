@@ -118,7 +118,7 @@ class Handlers:
         acl = self.acl if self.acl.restricts else None
         for request in requests:
             opaque, sent = request.opaque, request.raw
-            entity = entity_from_wire(request.cmd, request.message)
+            entity = entity_from_wire(request.message)
             try:
                 validate_message(entity, now, self.limits)
                 if acl is not None and not acl.may_publish(requester.group, entity.topic):

@@ -11,8 +11,9 @@ import trio
 
 from kiteq import Message, Producer, SendError
 from kiteq.logging import configure_logging
-from protocol import Cmd, encode_frame, pb
+from protocol import Cmd, encode_frame, encode_raw_frame, pb
 from protocol.framing import HEADER
+from tests import wire
 from tests.helpers import registry_uri, running_broker
 
 
@@ -179,6 +180,26 @@ async def test_each_message_of_one_read_gets_its_own_answer(tmp_path: Path) -> N
         assert acks[13].messageId == second
         assert (await broker.store.stats()).messages == 2
         await stream.aclose()
+
+
+async def test_strings_that_are_not_utf8_are_refused_with_a_reason(tmp_path: Path) -> None:
+    """A header string or a StringMessage body that is not UTF-8 (protobuf reads such a proto2
+    string as bytes) is answered with a refusal; the connection and the broker go on."""
+    async with running_broker(tmp_path, server={"topics": ["t"]}) as broker:
+        peer = await wire.RawPeer.login(broker.address, "g")
+        bad_type = pb.BytesMessage(header=wire.header("g", message_type="pay"), body=b"b")
+        bad_body = pb.StringMessage(header=wire.header("g", message_type="pay"), body="the body")
+        for opaque, cmd, data in (
+            (5, Cmd.BYTES_MESSAGE, bad_type.SerializeToString().replace(b"pay", b"p\xffy")),
+            (6, Cmd.STRING_MESSAGE, bad_body.SerializeToString().replace(b"the body", b"the b\xf0dy")),
+        ):
+            await peer.stream.send_all(encode_raw_frame(opaque, cmd, data))
+            frame, ack = await peer.receive(Cmd.MESSAGE_STORE_ACK)
+            assert (frame.opaque, ack.status) == (opaque, False)
+            assert "not UTF-8" in ack.feedback
+        assert (await peer.produce(wire.header("g"))).status, "the connection still serves"
+        assert (await broker.store.stats()).messages == 1
+        await peer.aclose()
 
 
 async def test_auth_failures_are_rate_limited_and_never_log_the_secret(tmp_path: Path) -> None:

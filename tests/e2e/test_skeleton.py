@@ -151,7 +151,7 @@ async def test_bad_message_is_refused_with_status_false(tmp_path: Path) -> None:
         with pytest.raises(SendError, match="Invalid MessageId"):
             await producer.send(Message("t", "x", b"", message_id="not-a-uuid"))
         connection = producer.pool.live("t")[0]
-        ack = await connection.request(Cmd.BYTES_MESSAGE, pb.HeartBeat(version=1), 5)
+        ack = await connection.request(Cmd.BYTES_MESSAGE, pb.HeartBeat(version=1).SerializeToString(), 5)
         assert isinstance(ack, pb.MessageStoreAck) and not ack.status and "bad message" in ack.feedback
         await producer.send(Message("t", "x", b"the connection survived"))
 
@@ -173,7 +173,9 @@ async def test_heartbeat_is_echoed(tmp_path: Path) -> None:
         connection = ClientConnection(broker.address, Credentials("g", ""))
         async with trio.open_nursery() as nursery:
             await nursery.start(connection.run)
-            answer = await connection.request(Cmd.HEARTBEAT, pb.HeartBeat(version=12345), 5)
+            answer = await connection.request(
+                Cmd.HEARTBEAT, pb.HeartBeat(version=12345).SerializeToString(), 5
+            )
             assert answer == pb.HeartBeat(version=12345)
             nursery.cancel_scope.cancel()
 

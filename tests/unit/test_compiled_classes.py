@@ -17,9 +17,21 @@ from kiteq.server.delivery.rounds import Outcome, Round, Verdict
 from protocol import Cmd
 from protocol.framing import Frame
 from protocol.session import Answered, MessageReceived, Request
+from protocol.wire import WireMessage
 from stores.entity import MessageEntity
 
-PER_MESSAGE = [MessageEntity, Round, Outcome, Delivery, Frame, MessageReceived, Answered, Request, Message]
+PER_MESSAGE = [
+    MessageEntity,
+    Round,
+    Outcome,
+    Delivery,
+    Frame,
+    MessageReceived,
+    Answered,
+    Request,
+    Message,
+    WireMessage,
+]
 
 
 @pytest.mark.parametrize("cls", PER_MESSAGE, ids=lambda cls: cls.__name__)

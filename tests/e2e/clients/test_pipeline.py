@@ -124,7 +124,7 @@ async def test_a_request_never_answered_is_reported_once(ending: str) -> None:
         with trio.fail_after(10):
             async with trio.open_nursery() as connection_tasks:  # left once the connection ended
                 await connection_tasks.start(connection.run)
-                message = pb.BytesMessage(header=header("order-svc"), body=b"x")
+                message = pb.BytesMessage(header=header("order-svc"), body=b"x").SerializeToString()
                 timeout = 0.2 if ending == "timeout" else 30.0
                 connection.request_nowait(Cmd.BYTES_MESSAGE, message, timeout, on_answer)
                 if ending == "hang-up":

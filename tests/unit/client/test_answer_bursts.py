@@ -47,12 +47,14 @@ async def test_the_writer_runs_before_every_answered_sender_has_resumed() -> Non
         all_resumed = trio.Event()
 
         async def sender(index: int) -> None:
-            await connection.request(Cmd.BYTES_MESSAGE, numbered_message(index), 5.0)
+            await connection.request(Cmd.BYTES_MESSAGE, numbered_message(index).SerializeToString(), 5.0)
             resumed.append(index)
             connection.send(
                 0,
                 Cmd.TX_ACK,
-                pb.TxACKPacket(header=numbered_message(index).header, status=1, feedback="commit"),
+                pb.TxACKPacket(
+                    header=numbered_message(index).header, status=1, feedback="commit"
+                ).SerializeToString(),
             )
             if len(resumed) == WINDOW:
                 all_resumed.set()

@@ -46,8 +46,10 @@ async def _connected(answers_messages: bool) -> AsyncIterator[ClientConnection]:
         nursery.cancel_scope.cancel()
 
 
-def _message(index: int) -> pb.BytesMessage:
-    return pb.BytesMessage(header=header("order-svc", message_id=f"{index:032x}"), body=b"x")
+def _message(index: int) -> bytes:
+    return pb.BytesMessage(
+        header=header("order-svc", message_id=f"{index:032x}"), body=b"x"
+    ).SerializeToString()
 
 
 async def test_one_request_at_a_time_never_wakes_the_writer() -> None:

@@ -75,7 +75,11 @@ async def test_sends_left_for_the_writer_go_out_together_once_the_sender_yields(
         before = framed.bytes_out
         for index in range(3):
             connection.request_nowait(
-                Cmd.BYTES_MESSAGE, numbered_message(index), 5.0, lambda answer, timed_out: None, at_once=False
+                Cmd.BYTES_MESSAGE,
+                numbered_message(index).SerializeToString(),
+                5.0,
+                lambda answer, timed_out: None,
+                at_once=False,
             )
         assert framed.bytes_out == before, "none written from the sender's task"
         with trio.fail_after(5):

@@ -29,7 +29,10 @@ async def test_each_send_of_a_window_reaches_the_socket_before_the_sender_yields
         for index in range(SENDS):
             before = framed.bytes_out
             connection.request_nowait(
-                Cmd.BYTES_MESSAGE, numbered_message(index), 5.0, lambda answer, timed_out: None
+                Cmd.BYTES_MESSAGE,
+                numbered_message(index).SerializeToString(),
+                5.0,
+                lambda answer, timed_out: None,
             )
             written.append(framed.bytes_out > before)
         assert connection.session.pending == SENDS

@@ -279,7 +279,7 @@ def test_who_may_send_what(role: Role, cmd: Cmd) -> None:
     else:
         with pytest.raises(ProtocolError):
             session.request(cmd, b"", object(), 1.0)
-    body = pb.HeartBeat(version=1)
+    body = pb.HeartBeat(version=1).SerializeToString()
     if cmd in ONE_WAY[role]:
         assert session.send(1, cmd, body)
     else:

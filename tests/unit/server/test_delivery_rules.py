@@ -41,9 +41,10 @@ from kiteq.server.refusals import RefusalLog
 from kiteq.server.routing import Router
 from kiteq.server.tx.backscan import TxBackscan
 from kiteq.server.tx.checks import TxCheck
-from protocol import Cmd, pb
+from protocol import Cmd, Frame, pb
 from protocol.schedule import DELIVER_AT, format_deliver_at
 from protocol.session import MessageReceived
+from protocol.wire import decode_message
 from stores import MessageEntity
 from stores.base import Staged, nothing_coming
 from stores.memory import MemoryStore
@@ -498,8 +499,8 @@ class AckedProducer:
 
 
 def sent_message(opaque: int) -> MessageReceived:
-    message = pb.BytesMessage(header=header("p"), body=b"b")
-    return MessageReceived(opaque, Cmd.BYTES_MESSAGE, message, message.SerializeToString())
+    raw = pb.BytesMessage(header=header("p"), body=b"b").SerializeToString()
+    return MessageReceived(opaque, decode_message(Frame(opaque, Cmd.BYTES_MESSAGE, raw)), raw)
 
 
 async def test_on_a_store_with_nothing_to_sync_a_message_is_delivered_before_it_is_acked(
@@ -581,4 +582,4 @@ async def test_while_its_lane_is_idle_a_message_goes_out_in_the_turn_it_is_stage
             await next_delivery(consumer, count)
         nursery.cancel_scope.cancel()
     sent_ids = [delivery.round.entity.message_id for _, delivery in consumer.sent]
-    assert sent_ids == [request.message.header.messageId for request in requests]
+    assert sent_ids == [request.message.message_id for request in requests]

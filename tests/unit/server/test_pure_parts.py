@@ -20,8 +20,9 @@ from kiteq.server.events import Events
 from kiteq.server.groups import WARMUP_FLOOR, GroupTable, warmup_weight
 from kiteq.server.routing import Router
 from kiteq.server.validate import MAX_TTL_SECONDS, InvalidMessage, validate_message
-from protocol import Cmd
+from protocol import Cmd, Frame
 from protocol.commands import BODY_TYPES
+from protocol.wire import WireMessage, decode_message
 from stores import MessageEntity
 from stores.entity import entity_from_wire
 from stores.memory import MemoryStore
@@ -136,20 +137,20 @@ def test_pick_prefers_least_loaded_and_discounts_warming_peers() -> None:
 def test_a_fresh_delivery_reads_as_if_its_header_were_rebuilt(kind: Cmd) -> None:
     """The producer's bytes plus a header update parse to the same message as a full re-encode."""
     body: bytes | str = "payload" if kind is Cmd.STRING_MESSAGE else b"payload"
-    produced = Message(
+    sent = Message(
         "trade", "pay-succ", body, group="order-svc", properties={"k": "v"}, expired_time=-1, deliver_limit=0
-    ).to_wire()
-    sent = produced.SerializeToString()
-    e = entity_from_wire(kind, produced)
+    ).encode()
+    produced = decode_message(Frame(1, kind, sent))
+    e = entity_from_wire(produced)
     validate_message(e, NOW)
-    assert e.expired_time != produced.header.expiredTime, "the broker normalised a field the bytes still hold"
+    assert e.expired_time != produced.expired_time, "the broker normalised a field the bytes still hold"
     fast, slow = Round.of(e, frozenset({"a"}), sent), Round.of(e, frozenset({"a"}))
     assert fast.body != slow.body, "the fast path did not send the producer's bytes"
     fast_wire, slow_wire = BODY_TYPES[kind](), BODY_TYPES[kind]()
     fast_wire.ParseFromString(fast.body)
     slow_wire.ParseFromString(slow.body)
     assert fast_wire == slow_wire
-    received = Message.from_wire(fast_wire)
+    received = Message.from_wire(decode_message(Frame(2, kind, fast.body)))
     assert (received.deliver_count, received.expired_time, received.deliver_limit) == (1, e.expired_time, 100)
     assert received.properties == {"k": "v"} and received.body == body
 
@@ -173,7 +174,7 @@ def test_every_header_field_reaches_the_entity_and_the_consumer_by_name(kind: Cm
         snappy=True,
     )
     header = sent.header()
-    e = entity_from_wire(kind, sent.to_wire())
+    e = entity_from_wire(received_by_the_broker(sent))
     assert (e.message_id, e.topic, e.message_type, e.producer_group) == (
         header.messageId,
         header.topic,
@@ -191,14 +192,18 @@ def test_every_header_field_reaches_the_entity_and_the_consumer_by_name(kind: Cm
     )
     assert e.properties == {"k": "v", "kiteq.deliverCount": "3"}
     assert (e.created_at, e.deliver_count, e.succ_groups, e.dead, e.broker) == (0.0, 0, (), False, "")
-    received = Message.from_wire(e.to_wire())
+    received = Message.from_wire(decode_message(Frame(2, kind, e.wire_bytes())))
     assert received.deliver_count == 3 and received.properties == {"k": "v"}
     assert received.ttl is None
     same = ("topic", "message_type", "body", "message_id", "expired_time", "deliver_limit", "fly", "commit")
     for name in (*same, "group", "create_time", "snappy"):
         assert getattr(received, name) == getattr(sent, name), name
     sent.properties = {}
-    assert entity_from_wire(kind, sent.to_wire()).properties == {}
+    assert entity_from_wire(received_by_the_broker(sent)).properties == {}
+
+
+def received_by_the_broker(sent: Message) -> WireMessage:
+    return decode_message(Frame(1, sent.cmd, sent.encode()))
 
 
 def test_round_outcomes() -> None:
