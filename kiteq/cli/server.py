@@ -23,6 +23,7 @@ from kiteq.config import BrokerConfig, load_config, table_keys
 from kiteq.errors import KiteQError, leaf_error
 from kiteq.gc_tuning import tune_gc
 from kiteq.logging import configure_logging
+from kiteq.malloc_tuning import fix_mmap_threshold
 from kiteq.server.broker import Broker
 
 log = structlog.get_logger(__name__)
@@ -123,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_argv(argv)
         configure_logging(config.server.log_level, config.server.log_format)
         tune_gc()
+        fix_mmap_threshold()
         trio.run(serve, Broker(config))
     except (KiteQError, OSError, BaseExceptionGroup) as exc:
         error = leaf_error(exc, (KiteQError, OSError))
