@@ -45,7 +45,7 @@ from protocol.framing import (
     encode_frame,
     encode_raw_frame,
 )
-from protocol.wire import WireMessage, decode_message, encode_store_ack
+from protocol.wire import ACK_CMDS, WireMessage, decode_ack, decode_message, encode_store_ack
 
 # What a peer may send before it authenticated: a ConnMeta is a group name, a secret
 # and an integer, well under 1 KiB; 4 KiB leaves room and keeps 10,000 silent peers
@@ -349,7 +349,13 @@ class Session:
                 append(Ignored(cmd, f"{cmd.name} is not sent to the {self.role.value}"))
                 continue
             try:
-                body: Any = decode_message(frame) if cmd in MESSAGE_CMDS else decode_body(frame)
+                body: Any
+                if cmd in MESSAGE_CMDS:
+                    body = decode_message(frame)
+                elif cmd in ACK_CMDS:
+                    body = decode_ack(frame)
+                else:
+                    body = decode_body(frame)
             except ProtocolError as exc:
                 append(self._undecodable(frame, exc))
                 continue

@@ -3,15 +3,16 @@
 A BytesMessage or StringMessage is encoded by its producer and decoded by the broker and
 again by its consumer; every one is answered with a MessageStoreAck and acked with a
 DeliverAck. Building and reading protobuf's objects for them cost more than the rest of
-what the clients do per message (docs/performance.md), so these are written by hand:
-the same bytes protobuf writes, the same fields it reads.
+what the clients do per message (docs/performance.md), so these are written and read by
+hand: the same bytes protobuf writes, the same fields it reads.
 
 Decoding reads these messages' fields by protobuf's rules, merges included: a scalar
 given twice keeps its last value, properties add up, and a second header merges into the
 first (the broker delivers a message as its producer's bytes followed by a partial
 header, kiteq.server.delivery.rounds). Anything else (an unknown field, a wrong wire
 type, a varint that runs off the end, a required field missing) is left to protobuf:
-what it skips or refuses, and how it says so, stays protobuf's (`decode_message`).
+what it skips or refuses, and how it says so, stays protobuf's (`decode_message`,
+`decode_ack`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ _INT32_LIMIT: Final = 1 << 31
 # A header's required fields (1-8) as bits of field numbers, for "every required one there".
 _HEADER_REQUIRED: Final = 0b1_1111_1110
 _STRING_MESSAGE: Final = Cmd.STRING_MESSAGE
+_STORE_ACK: Final = Cmd.MESSAGE_STORE_ACK
+ACK_CMDS: Final = frozenset({Cmd.MESSAGE_STORE_ACK, Cmd.DELIVER_ACK})
 
 
 @dataclass(slots=True)
@@ -97,6 +100,21 @@ class WireMessage:
         self.create_time = create_time
         self.snappy = snappy
         self.body = body
+
+
+@dataclass(slots=True)
+class WireAck:
+    """What the readers of a MessageStoreAck or a DeliverAck use of it: stored or
+    processed, and why not. The feedback is text: bytes that are not UTF-8 (a proto2
+    string may hold any) are replaced, as a peer's free text is anywhere else."""
+
+    status: bool
+    feedback: str
+
+    # Written out: built for every message answered (docs/design.md, "compiled modules").
+    def __init__(self, status: bool, feedback: str) -> None:
+        self.status = status
+        self.feedback = feedback
 
 
 # -- encoding ---------------------------------------------------------------------------
@@ -229,6 +247,55 @@ def decode_message(frame: Frame) -> WireMessage:
         return from_header(frame.cmd, message.header, message.body)
     except NotUtf8:
         raise _not_utf8(frame) from None
+
+
+def decode_ack(frame: Frame) -> WireAck:
+    """A MessageStoreAck's or DeliverAck's status and feedback.
+
+    Raises a recoverable ProtocolError, as `decode_body` does, when the body does not
+    parse or lacks a required field.
+    """
+    try:
+        return _decode_ack(frame.cmd is _STORE_ACK, frame.body)
+    except _LeftToProtobuf:
+        pass
+    ack = decode_body(frame)
+    assert isinstance(ack, pb.MessageStoreAck | pb.DeliverAck)
+    feedback: Any = ack.feedback  # bytes when they are not UTF-8
+    return WireAck(ack.status, feedback if isinstance(feedback, str) else _text(feedback))
+
+
+def _decode_ack(store_ack: bool, data: bytes) -> WireAck:
+    """Both acks: field 1 the message id, strings up to the status (a varint), the
+    feedback (a string) last; every field required but a DeliverAck's feedback."""
+    status_field, required = (2, 0b1110) if store_ack else (5, 0b11_1110)
+    feedback_field = status_field + 1
+    status, feedback, seen = True, "", 0
+    position, end = 0, len(data)
+    while position < end:
+        tag, position = _varint_at(data, position, end)
+        number, wire_type = tag >> 3, tag & 7
+        if number == 0 or number > feedback_field:
+            raise _LeftToProtobuf
+        seen |= 1 << number
+        if number == status_field:
+            if wire_type != _VARINT:
+                raise _LeftToProtobuf
+            value, position = _varint_at(data, position, end)
+            status = value != 0
+        elif wire_type == _LENGTH_DELIMITED:
+            start, position = _span_at(data, position, end)
+            if number == feedback_field:
+                feedback = _text(data[start:position])
+        else:
+            raise _LeftToProtobuf
+    if seen & required != required:
+        raise _LeftToProtobuf  # protobuf names what is missing
+    return WireAck(status, feedback)
+
+
+def _text(data: bytes) -> str:
+    return data.decode(errors="replace")
 
 
 def _decode(cmd: Cmd, data: bytes) -> WireMessage:

@@ -22,6 +22,7 @@ from kiteq.registry import Registry
 from protocol import MESSAGE_CMDS, Cmd, Frame, TxStatus, pb
 from protocol.logevents import LogEvent
 from protocol.schedule import UNKNOWN_MESSAGE
+from protocol.wire import WireAck
 
 log = structlog.get_logger(__name__)
 
@@ -127,7 +128,7 @@ class Producer(Client):
             except (trio.TooSlowError, ConnectionClosed) as exc:
                 reasons.append(f"{connection.address}: {exc or 'no answer'}")
                 continue
-            assert isinstance(answer, pb.MessageStoreAck)
+            assert isinstance(answer, WireAck)
             if answer.status:
                 return
             if not answer.feedback.startswith(UNKNOWN_MESSAGE):
@@ -201,7 +202,7 @@ class Producer(Client):
                 f"connection to {connection.address} closed before it answered; resend the message",
                 message_id=message.message_id,
             )
-        assert isinstance(ack, pb.MessageStoreAck)
+        assert isinstance(ack, WireAck)
         if not ack.status:
             self._log(LogEvent.SEND_FAILED, message, reason=ack.feedback)
             return SendError(

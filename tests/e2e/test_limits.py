@@ -11,10 +11,11 @@ import trio
 
 from kiteq import Message, Producer, SendError
 from kiteq.logging import configure_logging
+from kiteq.registry.bindings import Binding as RegistryBinding
 from protocol import Cmd, encode_frame, encode_raw_frame, pb
 from protocol.framing import HEADER
 from tests import wire
-from tests.helpers import registry_uri, running_broker
+from tests.helpers import registry_uri, running_broker, wait_until
 
 
 async def read_all(stream: trio.SocketStream, timeout: float = 5.0) -> bytes:
@@ -200,6 +201,40 @@ async def test_strings_that_are_not_utf8_are_refused_with_a_reason(tmp_path: Pat
         assert (await peer.produce(wire.header("g"))).status, "the connection still serves"
         assert (await broker.store.stats()).messages == 1
         await peer.aclose()
+
+
+async def test_a_nack_whose_feedback_is_not_utf8_is_a_failure_like_any_other(tmp_path: Path) -> None:
+    """A DeliverAck's feedback is a consumer's free text (a proto2 string, so any bytes): one
+    that is not UTF-8 is read with its bad bytes replaced; the round fails, the message comes
+    again, and the connection goes on."""
+    async with running_broker(tmp_path, delivery={"retry_base": 0.01, "retry_max": 0.01}) as broker:
+        await broker.registry.put_bindings("c", "t", [RegistryBinding.direct("t", "x")])
+        await wait_until(lambda: any(b.group == "c" for b in broker.router.bindings), what="the binding")
+        consumer = await wire.RawPeer.login(broker.address, "c")
+        producer = await wire.RawPeer.login(broker.address, "p")
+        assert (await producer.produce(wire.header("p"))).status
+        frame, message = await consumer.receive(Cmd.BYTES_MESSAGE)
+        header = message.header
+        nack = pb.DeliverAck(
+            messageId=header.messageId,
+            topic="t",
+            messageType="x",
+            groupId="p",
+            status=False,
+            feedback="refused",
+        )
+        bad = nack.SerializeToString().replace(b"refused", b"ref\xffsed")
+        await consumer.stream.send_all(encode_raw_frame(frame.opaque, Cmd.DELIVER_ACK, bad))
+
+        again, message = await consumer.receive(Cmd.BYTES_MESSAGE)
+        assert message.header.messageId == header.messageId and again.opaque != frame.opaque
+        nack.status, nack.feedback = True, "ok"
+        await consumer.send(again.opaque, Cmd.DELIVER_ACK, nack)
+        with trio.fail_after(10):  # the ack is taken: the message is finished
+            while (await broker.store.stats()).messages:
+                await trio.sleep(0.02)
+        await consumer.aclose()
+        await producer.aclose()
 
 
 async def test_auth_failures_are_rate_limited_and_never_log_the_secret(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import trio
 from kiteq import AuthError, Binding, Consumer, Message, Producer, SendError
 from kiteq.client.connection import ClientConnection, Credentials
 from protocol import Cmd, encode_frame, pb
+from protocol.wire import WireAck
 from tests.helpers import RecordingListener, registry_uri, running_broker, wait_until
 from tests.procs.broker import server_command
 from tests.services.ports import free_port, stop_process, wait_for_port
@@ -152,7 +153,7 @@ async def test_bad_message_is_refused_with_status_false(tmp_path: Path) -> None:
             await producer.send(Message("t", "x", b"", message_id="not-a-uuid"))
         connection = producer.pool.live("t")[0]
         ack = await connection.request(Cmd.BYTES_MESSAGE, pb.HeartBeat(version=1).SerializeToString(), 5)
-        assert isinstance(ack, pb.MessageStoreAck) and not ack.status and "bad message" in ack.feedback
+        assert isinstance(ack, WireAck) and not ack.status and "bad message" in ack.feedback
         await producer.send(Message("t", "x", b"the connection survived"))
 
 

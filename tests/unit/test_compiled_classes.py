@@ -17,7 +17,7 @@ from kiteq.server.delivery.rounds import Outcome, Round, Verdict
 from protocol import Cmd
 from protocol.framing import Frame
 from protocol.session import Answered, MessageReceived, Request
-from protocol.wire import WireMessage
+from protocol.wire import WireAck, WireMessage
 from stores.entity import MessageEntity
 
 PER_MESSAGE = [
@@ -31,6 +31,7 @@ PER_MESSAGE = [
     Request,
     Message,
     WireMessage,
+    WireAck,
 ]
 
 

@@ -14,6 +14,7 @@ import trio.testing
 from kiteq.client.connection import EXPIRY_TICK, HEARTBEAT_INTERVAL, ClientConnection, Credentials
 from protocol import Cmd, pb
 from protocol.framing import FrameDecoder, encode_frame
+from protocol.wire import WireAck
 from tests.helpers import TaskSteps
 from tests.wire import header
 
@@ -59,7 +60,7 @@ async def test_one_request_at_a_time_never_wakes_the_writer() -> None:
         try:
             for index in range(5):
                 answer = await connection.request(Cmd.BYTES_MESSAGE, _message(index), 5.0)
-                assert isinstance(answer, pb.MessageStoreAck) and answer.status
+                assert isinstance(answer, WireAck) and answer.status
         finally:
             trio.lowlevel.remove_instrument(steps)
     assert steps.steps == 0

@@ -3,6 +3,7 @@ same fields read, the same bodies refused."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,8 +14,11 @@ from kiteq.client.message import Message
 from kiteq.server.delivery.rounds import Round
 from protocol import Cmd, Frame, ProtocolError, decode_body, pb
 from protocol.wire import (
+    WireAck,
     WireMessage,
     _decode,
+    _decode_ack,
+    decode_ack,
     decode_message,
     encode_deliver_ack,
     encode_message,
@@ -187,13 +191,23 @@ def mutations(data: bytes) -> st.SearchStrategy[bytes]:
     )
 
 
+def near(valid: bytes, random_size: int) -> st.SearchStrategy[bytes]:
+    """Random bytes, or `valid` mutated once or twice."""
+    return st.one_of(st.binary(max_size=random_size), mutations(valid), mutations(valid).flatmap(mutations))
+
+
+def refused_alike(frame: Frame, refused: ProtocolError, decode: Callable[[Frame], object]) -> None:
+    """`decode` refuses `frame` as protobuf did, and the connection may go on."""
+    with pytest.raises(ProtocolError) as caught:
+        decode(frame)
+    assert str(caught.value) == str(refused) and caught.value.recoverable
+
+
 @st.composite
 def bodies(draw: st.DrawFn) -> tuple[Cmd, bytes]:
     kind = draw(st.sampled_from(KINDS))
     valid = protobuf_message(kind, draw(headers), draw(st.text(max_size=20))).SerializeToString()
-    return kind, draw(
-        st.one_of(st.binary(max_size=120), mutations(valid), mutations(valid).flatmap(mutations))
-    )
+    return kind, draw(near(valid, 120))
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -204,9 +218,7 @@ def test_any_body_is_read_or_refused_as_protobuf_reads_or_refuses_it(body: tuple
     try:
         parsed = decode_body(frame)
     except ProtocolError as refused:
-        with pytest.raises(ProtocolError) as caught:
-            decode_message(frame)
-        assert str(caught.value) == str(refused) and caught.value.recoverable
+        refused_alike(frame, refused, decode_message)
         return
     h = parsed.header  # type: ignore[attr-defined]
     strings = [h.messageId, h.topic, h.messageType, h.groupId]
@@ -252,3 +264,69 @@ def test_a_string_that_is_not_utf8_but_replaced_by_a_later_value_is_read_as_prot
     first = with_bytes_replaced(pb.BytesMessage(header=trade_header(), body=b"b"), b"trade", b"tr\xffde")
     later = pb.BytesMessage(header=pb.Header(topic="fixed")).SerializePartialToString()
     assert decode_message(Frame(1, Cmd.BYTES_MESSAGE, first + later)).topic == "fixed"
+
+
+# -- reading acks ------------------------------------------------------------------------
+
+ACKS = [Cmd.MESSAGE_STORE_ACK, Cmd.DELIVER_ACK]
+
+
+def protobuf_ack(kind: Cmd, status: bool, feedback: str, text: str = "m") -> Any:
+    if kind is Cmd.MESSAGE_STORE_ACK:
+        return pb.MessageStoreAck(messageId=text, status=status, feedback=feedback)
+    return pb.DeliverAck(
+        messageId=text, topic=text, messageType=text, groupId=text, status=status, feedback=feedback
+    )
+
+
+def read_by_protobuf(frame: Frame) -> tuple[bool, str]:
+    """A parsed ack's status and feedback, the feedback's bytes replaced where they are
+    not UTF-8 (protobuf hands them over as bytes)."""
+    ack: Any = decode_body(frame)
+    feedback = ack.feedback
+    return ack.status, feedback if isinstance(feedback, str) else feedback.decode(errors="replace")
+
+
+@settings(max_examples=200, deadline=None)
+@given(kind=st.sampled_from(ACKS), status=st.booleans(), feedback=texts, text=texts)
+def test_an_ack_is_read_as_protobuf_reads_it_without_protobuf(
+    kind: Cmd, status: bool, feedback: str, text: str
+) -> None:
+    data = protobuf_ack(kind, status, feedback, text).SerializeToString()
+    assert _decode_ack(kind is Cmd.MESSAGE_STORE_ACK, data) == WireAck(status, feedback)
+    assert decode_ack(Frame(1, kind, data)) == WireAck(status, feedback)
+
+
+def test_the_acks_written_by_hand_are_read_back() -> None:
+    store_ack = encode_store_ack("m" * 32, False, "bad message: no topic")
+    assert decode_ack(Frame(1, Cmd.MESSAGE_STORE_ACK, store_ack)) == WireAck(False, "bad message: no topic")
+    deliver_ack = encode_deliver_ack("m" * 32, "trade", "pay", "g", True, "ok")
+    assert decode_ack(Frame(1, Cmd.DELIVER_ACK, deliver_ack)) == WireAck(True, "ok")
+
+
+@st.composite
+def ack_bodies(draw: st.DrawFn) -> tuple[Cmd, bytes]:
+    kind = draw(st.sampled_from(ACKS))
+    valid = protobuf_ack(kind, draw(st.booleans()), draw(texts), draw(texts)).SerializeToString()
+    return kind, draw(near(valid, 60))
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=ack_bodies())
+def test_any_ack_is_read_or_refused_as_protobuf_reads_or_refuses_it(body: tuple[Cmd, bytes]) -> None:
+    kind, data = body
+    frame = Frame(9, kind, data)
+    try:
+        expected = read_by_protobuf(frame)
+    except ProtocolError as refused:
+        refused_alike(frame, refused, decode_ack)
+        return
+    ack = decode_ack(frame)
+    assert (ack.status, ack.feedback) == expected
+
+
+@pytest.mark.parametrize("kind", ACKS)
+def test_feedback_that_is_not_utf8_is_read_with_its_bad_bytes_replaced(kind: Cmd) -> None:
+    data = with_bytes_replaced(protobuf_ack(kind, False, "refused"), b"refused", b"ref\xffsed")
+    assert decode_ack(Frame(1, kind, data)) == WireAck(False, "ref\ufffdsed")
+    assert _decode_ack(kind is Cmd.MESSAGE_STORE_ACK, data) == WireAck(False, "ref\ufffdsed")
