@@ -12,6 +12,7 @@ import trio
 
 from kiteq import Message, MessageListener
 from kiteq.config import load_config
+from kiteq.registry.bindings import Binding
 from kiteq.server.broker import Broker
 
 FAST_POLL = 0.05
@@ -103,6 +104,14 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what:
             await trio.sleep(0.02)
         return
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+async def bind_direct(broker: Broker, group: str, topic: str = "t", message_type: str = "x") -> None:
+    """Bind `group` to `topic`/`message_type` in the broker's registry; return once its router has it."""
+    await broker.registry.put_bindings(group, topic, [Binding.direct(topic, message_type)])
+    await wait_until(
+        lambda: any(b.group == group and b.topic == topic for b in broker.router.bindings), what="the binding"
+    )
 
 
 class TaskSteps(trio.abc.Instrument):

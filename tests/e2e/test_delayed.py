@@ -19,11 +19,10 @@ import pytest
 import trio
 
 from kiteq import Binding, CancelError, Consumer, Message, Producer
-from kiteq.registry.bindings import Binding as RegistryBinding
 from kiteq.server.broker import Broker
 from protocol import Cmd, TxStatus, pb
 from protocol.schedule import DELIVER_AT, format_deliver_at
-from tests.helpers import RecordingListener, registry_uri, running_broker, wait_until
+from tests.helpers import RecordingListener, bind_direct, registry_uri, running_broker, wait_until
 from tests.integration.admin.test_trace import kiteq_admin
 from tests.procs.broker import BrokerProcess
 from tests.wire import RawPeer, header
@@ -38,16 +37,11 @@ def delayed_header(group: str, at: float, *, commit: bool = True) -> pb.Header:
     return message_header
 
 
-async def bind(broker: Broker, group: str = "c") -> None:
-    await broker.registry.put_bindings(group, "t", [RegistryBinding.direct("t", "x")])
-    await wait_until(lambda: any(b.group == group for b in broker.router.bindings), what="the binding")
-
-
 @contextlib.asynccontextmanager
 async def bound_peers(tmp_path: Path, **options: Any) -> AsyncIterator[tuple[Broker, RawPeer, RawPeer]]:
     """A running broker with group "c" bound to t/x, and raw peers of "c" (consumer) and "p"."""
     async with running_broker(tmp_path, **options) as broker:
-        await bind(broker)
+        await bind_direct(broker, "c")
         consumer = await RawPeer.login(broker.address, "c")
         producer = await RawPeer.login(broker.address, "p")
         yield broker, consumer, producer

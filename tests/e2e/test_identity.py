@@ -13,17 +13,10 @@ import structlog.testing
 from kiteq.logging import configure_logging
 from kiteq.registry.bindings import Binding
 from protocol import Cmd, TxStatus, pb
-from tests.helpers import running_broker, wait_until
+from tests.helpers import bind_direct, running_broker, wait_until
 from tests.wire import RawPeer, header
 
 SECRETS = {"p": "p-secret", "x": "x-secret", "c": "c-secret"}
-
-
-async def bind(broker, group: str, topic: str = "t", message_type: str = "x") -> None:  # type: ignore[no-untyped-def]
-    await broker.registry.put_bindings(group, topic, [Binding.direct(topic, message_type)])
-    await wait_until(
-        lambda: any(b.group == group and b.topic == topic for b in broker.router.bindings), what="the binding"
-    )
 
 
 def decision(message_header: pb.Header, status: TxStatus) -> pb.TxACKPacket:
@@ -33,7 +26,7 @@ def decision(message_header: pb.Header, status: TxStatus) -> pb.TxACKPacket:
 async def test_a_tenant_cannot_commit_or_roll_back_another_groups_transaction(tmp_path: Path) -> None:
     configure_logging("info")
     async with running_broker(tmp_path, store=f"file://{tmp_path}/store", auth=SECRETS) as broker:
-        await bind(broker, "c")
+        await bind_direct(broker, "c")
         consumer = await RawPeer.login(broker.address, "c", "c-secret")
         producer = await RawPeer.login(broker.address, "p", "p-secret")
         tenant = await RawPeer.login(broker.address, "x", "x-secret")
@@ -81,7 +74,7 @@ async def test_a_producer_cannot_send_as_another_group(tmp_path: Path) -> None:
 
 async def test_a_deliver_ack_counts_only_on_the_connection_the_delivery_went_to(tmp_path: Path) -> None:
     async with running_broker(tmp_path, auth=SECRETS) as broker:
-        await bind(broker, "c")
+        await bind_direct(broker, "c")
         receiver = await RawPeer.login(broker.address, "c", "c-secret")
         producer = await RawPeer.login(broker.address, "p", "p-secret")
         sent = header("p")
@@ -106,7 +99,7 @@ async def test_kiteq_go_client_conversation_still_works_with_auth(tmp_path: Path
     async with running_broker(
         tmp_path, auth=SECRETS, tx={"tx_check_after": 0.0, "tx_scan_interval": 0.1}
     ) as broker:
-        await bind(broker, "c")
+        await bind_direct(broker, "c")
         consumer = await RawPeer.login(broker.address, "c", "c-secret")
         producer = await RawPeer.login(broker.address, "p", "p-secret")
         plain, committed, asked = header("p"), header("p", commit=False), header("p", commit=False)
@@ -144,7 +137,7 @@ async def test_acl_limits_what_a_group_publishes_and_what_it_is_delivered(tmp_pa
         with structlog.testing.capture_logs() as logs:
             await broker.registry.put_bindings("c", "trade", [Binding.direct("trade", "x")])
             await wait_until(lambda: len(broker.denied_bindings) == 1, what="the denied binding")
-        await bind(broker, "c", topic="refund-a")
+        await bind_direct(broker, "c", topic="refund-a")
         assert [b.topic for b in broker.router.bindings] == ["refund-a"]
         assert any(entry["event"] == "acl.binding_denied" for entry in logs)
         stats = await broker.stats()

@@ -11,11 +11,10 @@ import trio
 
 from kiteq import Message, Producer, SendError
 from kiteq.logging import configure_logging
-from kiteq.registry.bindings import Binding as RegistryBinding
 from protocol import Cmd, encode_frame, encode_raw_frame, pb
 from protocol.framing import HEADER
 from tests import wire
-from tests.helpers import registry_uri, running_broker, wait_until
+from tests.helpers import bind_direct, registry_uri, running_broker
 
 
 async def read_all(stream: trio.SocketStream, timeout: float = 5.0) -> bytes:
@@ -208,8 +207,7 @@ async def test_a_nack_whose_feedback_is_not_utf8_is_a_failure_like_any_other(tmp
     that is not UTF-8 is read with its bad bytes replaced; the round fails, the message comes
     again, and the connection goes on."""
     async with running_broker(tmp_path, delivery={"retry_base": 0.01, "retry_max": 0.01}) as broker:
-        await broker.registry.put_bindings("c", "t", [RegistryBinding.direct("t", "x")])
-        await wait_until(lambda: any(b.group == "c" for b in broker.router.bindings), what="the binding")
+        await bind_direct(broker, "c")
         consumer = await wire.RawPeer.login(broker.address, "c")
         producer = await wire.RawPeer.login(broker.address, "p")
         assert (await producer.produce(wire.header("p"))).status
