@@ -1,5 +1,5 @@
-"""Every benchmark run records how fast the machine ran, before and after its suites, and
-which interpreter ran it."""
+"""Every benchmark run records how fast the machine ran, before and after its suites (under
+load and after idleness), and which interpreter ran it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import machine_speed
 from benchmarks.__main__ import main
 
 
@@ -18,13 +19,35 @@ def test_a_run_records_the_machines_speed_before_and_after_its_suites(tmp_path: 
     machine = json.loads(out.read_text())["machine"]
     for when in ("speed_before", "speed_after"):
         speed = machine[when]
-        assert set(speed) == {"python_loop_step_ns", "syscall_ns"}
+        assert set(speed) == {
+            "python_loop_step_ns",
+            "syscall_ns",
+            "round_trip_us",
+            "round_trip_after_idle_us",
+            "python_after_idle_ratio",
+        }
         # A loop step takes tens of nanoseconds, a system call hundreds: neither is zero,
         # and neither a second (a reading in the wrong unit).
         assert 1 <= speed["python_loop_step_ns"] < 10_000
         assert 10 <= speed["syscall_ns"] < 1_000_000
+        # A round trip between two processes is two system calls each and two wake-ups:
+        # more than a system call, well under the 5 ms pause of the idle ones (a reading
+        # that counted the pause would exceed it).
+        for round_trip in (speed["round_trip_us"], speed["round_trip_after_idle_us"]):
+            assert 2 * speed["syscall_ns"] / 1000 < round_trip < 5_000
+        assert 0.2 < speed["python_after_idle_ratio"] < 50
     interpreter = machine["interpreter"]
     assert interpreter["executable"] == os.path.realpath(sys.executable)
     # What the dynamic linker says of the executable, asked apart from the run's own reading.
     linked = subprocess.run(["ldd", sys.executable], capture_output=True, text=True, check=True).stdout
     assert interpreter["libpython_shared"] == ("libpython" in linked)
+
+
+def _children() -> set[str]:
+    return set(Path(f"/proc/self/task/{os.getpid()}/children").read_text().split())
+
+
+def test_the_echo_process_of_the_round_trips_is_gone_once_they_are_read() -> None:
+    before = _children()
+    machine_speed.wake_reading()
+    assert _children() <= before
