@@ -7,11 +7,11 @@ one system call cost (the broker, its clients and pika are bound by both). A run
 readings are twice another's ran on a machine twice as slow.
 
 A machine's speed after idleness differs from its speed under load, and paced figures meet
-it on every message: a process that sleeps between messages wakes up slow (its core has
-gone idle, its caches cold, and on a virtual machine its virtual CPU is halted). On one
-machine here a 5 ms pause made a round trip between two processes 3-5x as long and a
-40 us piece of Python 2-2.5x, and a broker handling 200 messages a second spent 0.8-1.2 ms
-of CPU on each, against 0.19 ms at 5,000 a second (docs/performance.md). So a reading also times
+it on every message: a process that sleeps between messages wakes up slow (its core gone
+idle, its caches cold; on a virtual machine, its virtual CPU halted). On one machine here a
+5 ms pause made a round trip between two processes 3-5x as long and a 40 us piece of
+Python 2-2.5x, and a broker handling 200 messages a second spent 0.8-1.2 ms of CPU on
+each, against 0.19 ms at 5,000 a second (docs/performance.md). So a reading also times
 round trips and a small task both back to back and after such a pause (`wake_reading`).
 
 The interpreter's build counts as much as the machine: on one machine the same code ran
