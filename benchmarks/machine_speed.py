@@ -41,8 +41,10 @@ READINGS = 5
 # (a paced client's pause between sends at 200 a second).
 WAKE_TIMINGS = 100
 IDLE = 0.005
-# The other end of the round trips: echoes what it reads on the socket it was handed.
+# The other end of the round trips: echoes what it reads on the socket it was handed. A
+# round trip it has not answered within ECHO_TIMEOUT seconds fails the reading.
 ECHO = "import socket, sys\nend = socket.socket(fileno=int(sys.argv[1]))\nwhile data := end.recv(64):\n    end.sendall(data)\n"
+ECHO_TIMEOUT = 10.0
 
 
 def reading() -> dict[str, float]:
@@ -82,8 +84,10 @@ def _timed(step: Callable[[], float]) -> tuple[float, float]:
 
 @contextmanager
 def _echo_process() -> Iterator[socket.socket]:
-    """Our end of a socket whose other end a child process echoes; it exits once we close ours."""
+    """Our end of a socket whose other end a child process echoes; the child exits once
+    ours is shut for writing, and is waited for."""
     ours, theirs = socket.socketpair()
+    ours.settimeout(ECHO_TIMEOUT)
     with ours:
         with theirs:
             child = subprocess.Popen(
@@ -91,6 +95,9 @@ def _echo_process() -> Iterator[socket.socket]:
             )
         try:
             yield ours
+        except BaseException:
+            child.kill()  # it may be the one that failed to answer
+            raise
         finally:
             ours.shutdown(socket.SHUT_WR)
             child.wait()
@@ -104,7 +111,7 @@ def _round_trip(end: socket.socket) -> float:
 
 
 def _small_task() -> float:
-    """About 40 us of Python where a loop step takes 30 ns."""
+    """About 40 us of Python where a loop step takes 45 ns."""
     started = time.perf_counter()
     sorted([str(number) for number in range(150)], reverse=True)
     return time.perf_counter() - started

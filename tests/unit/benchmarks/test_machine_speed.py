@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import machine_speed
 from benchmarks.__main__ import main
 
@@ -30,9 +32,9 @@ def test_a_run_records_the_machines_speed_before_and_after_its_suites(tmp_path: 
         # and neither a second (a reading in the wrong unit).
         assert 1 <= speed["python_loop_step_ns"] < 10_000
         assert 10 <= speed["syscall_ns"] < 1_000_000
-        # A round trip between two processes is two system calls each and two wake-ups:
-        # more than a system call, well under the 5 ms pause of the idle ones (a reading
-        # that counted the pause would exceed it).
+        # A round trip between two processes is two system calls on each side and two
+        # wake-ups: more than our side's two calls, well under the 5 ms pause of the idle
+        # ones (a reading that counted the pause would exceed it).
         for round_trip in (speed["round_trip_us"], speed["round_trip_after_idle_us"]):
             assert 2 * speed["syscall_ns"] / 1000 < round_trip < 5_000
         assert 0.2 < speed["python_after_idle_ratio"] < 50
@@ -50,4 +52,15 @@ def _children() -> set[str]:
 def test_the_echo_process_of_the_round_trips_is_gone_once_they_are_read() -> None:
     before = _children()
     machine_speed.wake_reading()
+    assert _children() <= before
+
+
+def test_an_echo_process_that_does_not_answer_fails_the_reading_instead_of_hanging_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(machine_speed, "ECHO", "import time\ntime.sleep(600)")
+    monkeypatch.setattr(machine_speed, "ECHO_TIMEOUT", 0.2)
+    before = _children()
+    with pytest.raises(TimeoutError):
+        machine_speed.wake_reading()
     assert _children() <= before
