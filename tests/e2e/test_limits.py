@@ -228,9 +228,9 @@ async def test_a_nack_whose_feedback_is_not_utf8_is_a_failure_like_any_other(tmp
         assert message.header.messageId == header.messageId and again.opaque != frame.opaque
         nack.status, nack.feedback = True, "ok"
         await consumer.send(again.opaque, Cmd.DELIVER_ACK, nack)
-        with trio.fail_after(10):  # the ack is taken: the message is finished
-            while (await broker.store.stats()).messages:
-                await trio.sleep(0.02)
+        with trio.fail_after(10):  # the ack is taken: the round ends and its outcome is stored
+            await broker.dispatcher.drained()
+        assert (await broker.store.stats()).messages == 0, "the message is finished"
         await consumer.aclose()
         await producer.aclose()
 
