@@ -5,7 +5,7 @@ the session's rules, the file store's index, schedule and records, delivery roun
 the glue a message passes through (framed streams, the broker's connections and handlers,
 the dispatcher, lanes, groups and recover loop, the file store, the client's connection).
 Compiled, the rules took 10-15 % off the broker's CPU per message, and the glue a further
-10-30 % when draining a backlog or end to end (docs/performance.md). They stay plain
+10-30 % when draining a backlog or end to end (docs/performance-history.md). They stay plain
 Python modules: with no C compiler or Python headers, or with KITEQ_PURE_PYTHON=1, the
 package installs without compiling and runs the same code interpreted.
 

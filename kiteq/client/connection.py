@@ -138,7 +138,7 @@ class ClientConnection:
         Requests merely in flight do not count. They did, and a producer keeping sends in
         flight (`Producer.pipeline`) then sent each through the writer task, a turn of the
         event loop later; paced at 5,000 a second, that turn was about a fifth of a message's
-        p50 (docs/performance.md, "A client's sends written at once").
+        p50 (docs/performance-history.md, "A client's sends written at once").
         """
         return self._answered_waiting > 0 or self.answers_due() > 1
 
