@@ -11,8 +11,9 @@ it on every message: a process that sleeps between messages wakes up slow (its c
 idle, its caches cold; on a virtual machine, its virtual CPU halted). On one machine here a
 5 ms pause made a round trip between two processes 3-5x as long and a 40 us piece of
 Python 2-2.5x, and a broker handling 200 messages a second spent 0.8-1.2 ms of CPU on
-each, against 0.19 ms at 5,000 a second (docs/performance-history.md). So a reading also times
-round trips and a small task both back to back and after such a pause (`wake_reading`).
+each, against 0.19 ms at 5,000 a second (docs/performance-history.md). So a reading also
+times round trips and a small task both back to back and after such a pause
+(`wake_reading`).
 
 The interpreter's build counts as much as the machine: on one machine the same code ran
 end to end 1.4x as fast on Debian's own python3.11 (libpython linked into the executable)

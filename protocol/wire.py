@@ -3,8 +3,9 @@
 A BytesMessage or StringMessage is encoded by its producer and decoded by the broker and
 again by its consumer; every one is answered with a MessageStoreAck and acked with a
 DeliverAck. Building and reading protobuf's objects for them cost more than the rest of
-what the clients do per message (docs/performance-history.md, "Messages and acks
-encoded and decoded by hand"), so these are written and read by hand: the same bytes protobuf writes, the same fields it reads.
+what the clients do per message (docs/performance-history.md, "Messages and acks encoded
+and decoded by hand"), so these are written and read by hand: the same bytes protobuf
+writes, the same fields it reads.
 
 Decoding reads these messages' fields by protobuf's rules, merges included: a scalar
 given twice keeps its last value, properties add up, and a second header merges into the

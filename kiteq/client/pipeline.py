@@ -4,8 +4,8 @@ Awaiting each `send` in a task of its own keeps many sends in flight too, but ev
 message then costs its task two turns of the event loop (send, then wake on the
 store-ack), a large part of a busy producer's CPU. Here one task sends and the
 store-acks are handed to a callback as they are read: a fifth to a third less CPU per
-message at 100 in flight (docs/performance-history.md), the way RocketMQ's async send and AMQP's
-publisher confirms work.
+message at 100 in flight (docs/performance-history.md), the way RocketMQ's async send and
+AMQP's publisher confirms work.
 
 A window that was full and reopens is refilled by a burst of sends, one per answer
 read. Those go out together, in one write of the connection's writer task, instead of
