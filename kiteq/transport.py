@@ -105,6 +105,14 @@ class FramedStream:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def reads_all_queued(self) -> bool:
+        """Whether a read takes everything the peer has sent so far (up to `read_size`).
+
+        True of a plain socket. A TLS stream's read returns one record's worth, so frames
+        the peer wrote one at a time come in reads of their own even while more wait."""
+        return _plain_socket(self.stream) is not None
+
     def send(self, data: bytes, at_once: bool = True) -> None:
         """Queue a control frame; raises OutboxOverflow if the peer stopped reading.
 

@@ -31,7 +31,7 @@ def header(
 
 
 class RawPeer:
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         self.decoder = FrameDecoder()
         self._frames: list[Frame] = []

@@ -18,13 +18,14 @@ import trustme
 from kiteq import Binding, Consumer, Message, Producer, sync
 from kiteq.client.connection import ClientConnection, Credentials
 from kiteq.errors import ConnectionClosed, TLSError
-from protocol import Cmd
+from protocol import Cmd, pb
 from protocol.framing import HEADER
 from tests.certificates import Certificates, make_certificates
 from tests.e2e.test_examples import run_example
 from tests.e2e.test_limits import connect, read_all
 from tests.helpers import RecordingListener, registry_uri, running_broker, wait_until
 from tests.procs.runner import ROOT
+from tests.wire import RawPeer, header
 
 PAYMENTS = Binding.direct("trade", "pay-succ")
 
@@ -102,6 +103,56 @@ async def test_a_plaintext_client_is_closed_unanswered_and_the_broker_keeps_serv
         async with Producer(registry, group="orders", topics=["trade"], tls=certs.ca_pem) as producer:
             await producer.send(Message("trade", "pay-succ", "after the plaintext peer"))
         assert broker.events.total("stored") == 1
+
+
+async def tls_peer(address: str, certs: Certificates, group: str) -> RawPeer:
+    """A raw-frame client over TLS, authenticated as `group`: each `send` is one TLS record."""
+    host, _, port = address.rpartition(":")
+    tcp = await trio.open_tcp_stream(host, int(port))
+    context = ssl.create_default_context(cafile=str(certs.ca_pem))
+    peer = RawPeer(trio.SSLStream(tcp, context, server_hostname=host))
+    ack = await peer.authenticate(group, "")
+    assert ack.status, ack.feedback
+    return peer
+
+
+async def test_messages_read_one_record_at_a_time_go_on_while_an_earlier_one_awaits_its_sync(
+    tmp_path: Path, certs: Certificates
+) -> None:
+    """Over TLS a read holds one record. A producer writes two messages apart while the disk
+    stalls: the broker reads and delivers the second while the first waits for its sync. Its
+    reader used to store a message read alone itself and read on only once that was durable,
+    so every message of a producer with sends in flight waited for the sync before it."""
+    listener = RecordingListener()
+    async with (
+        running_broker(
+            tmp_path, tls=certs.broker_tls(), store=f"file://{tmp_path}/store?fsync=batch"
+        ) as broker,
+        Consumer(
+            registry_uri(tmp_path), group="sms", bindings=[PAYMENTS], listener=listener, tls=certs.ca_pem
+        ),
+    ):
+        writer = broker.store._writer  # type: ignore[attr-defined]
+        writer.stall_timeout = 60.0  # no waiter is failed while the test holds the disk
+        peer = await tls_peer(broker.address, certs, "orders")
+        messages = [header("orders", topic="trade", message_type="pay-succ") for _ in range(2)]
+        writer._io.acquire()  # the disk stalls: no save becomes durable
+        try:
+            for message in messages:
+                await peer.send(
+                    peer.next_opaque(), Cmd.BYTES_MESSAGE, pb.BytesMessage(header=message, body=b"x")
+                )
+            await wait_until(
+                lambda: len(listener.deliveries) == 2,
+                timeout=5.0,
+                what="both delivered before the first's sync",
+            )
+        finally:
+            writer._io.release()
+        acks = [(await peer.receive(Cmd.MESSAGE_STORE_ACK))[1] for _ in messages]
+        await peer.aclose()
+    assert all(ack.status for ack in acks), [ack.feedback for ack in acks]
+    assert {m.message_id for m in listener.deliveries} == {m.messageId for m in messages}
 
 
 def mutual_tls_context(certs: Certificates, *, with_certificate: bool) -> ssl.SSLContext:
