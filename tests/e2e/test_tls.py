@@ -18,6 +18,7 @@ import trustme
 from kiteq import Binding, Consumer, Message, Producer, sync
 from kiteq.client.connection import ClientConnection, Credentials
 from kiteq.errors import ConnectionClosed, TLSError
+from kiteq.tls import client_context, open_stream
 from protocol import Cmd, pb
 from protocol.framing import HEADER
 from tests.certificates import Certificates, make_certificates
@@ -108,9 +109,7 @@ async def test_a_plaintext_client_is_closed_unanswered_and_the_broker_keeps_serv
 async def tls_peer(address: str, certs: Certificates, group: str) -> RawPeer:
     """A raw-frame client over TLS, authenticated as `group`: each `send` is one TLS record."""
     host, _, port = address.rpartition(":")
-    tcp = await trio.open_tcp_stream(host, int(port))
-    context = ssl.create_default_context(cafile=str(certs.ca_pem))
-    peer = RawPeer(trio.SSLStream(tcp, context, server_hostname=host))
+    peer = RawPeer(await open_stream(host, int(port), client_context(certs.ca_pem)))
     ack = await peer.authenticate(group, "")
     assert ack.status, ack.feedback
     return peer
