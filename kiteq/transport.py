@@ -51,12 +51,16 @@ the socket is full. Trio's `send_all` yields once more after a send that did not
 a turn of the event loop per flush that an idle path paid for each delivery; the
 writer instead yields before sending on when more is queued, so it never keeps the
 others from running. Reads from a plain socket are direct too (`_receive`), with the
-checkpoints Trio's `receive_some` has.
+checkpoints Trio's `receive_some` has. A read over TLS takes, besides the record Trio's
+`receive_some` returns, every record Trio has already received whole (`_received_records`):
+frames the peer wrote one at a time come in one read once they queue, as they do from a
+plain socket.
 """
 
 from __future__ import annotations
 
 import os
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -87,6 +91,7 @@ class FramedStream:
         on_sent: Callable[[list[object]], None] = lambda tokens: None,
     ) -> None:
         self.stream = stream
+        self._tls = _tls_object(stream)
         self.read_size = read_size
         self.expect_more = expect_more
         self.on_sent = on_sent
@@ -109,8 +114,8 @@ class FramedStream:
     def reads_all_queued(self) -> bool:
         """Whether a read takes everything the peer has sent so far (up to `read_size`).
 
-        True of a plain socket. A TLS stream's read returns one record's worth, so frames
-        the peer wrote one at a time come in reads of their own even while more wait."""
+        True of a plain socket. A read over TLS takes only the records Trio has pulled from
+        the socket (64 KiB at a time), so a frame read alone may have more behind it."""
         return _plain_socket(self.stream) is not None
 
     def send(self, data: bytes, at_once: bool = True) -> None:
@@ -228,6 +233,8 @@ class FramedStream:
             while True:
                 if socket is None:
                     data = await self.stream.receive_some(self.read_size)
+                    if data and self._tls is not None:
+                        data += _received_records(self._tls, self.read_size - len(data))
                 else:
                     data = await _receive(socket, self.read_size)
                 if not data:
@@ -301,6 +308,42 @@ def _stops(batch: list[bytes], first_bulk: int) -> Iterator[int]:
     for frame in batch[first_bulk:]:
         end += len(frame)
         yield end
+
+
+def _received_records(tls: ssl.SSLObject, size: int) -> bytes:
+    """Up to `size` bytes of the TLS records already received whole, decrypted without
+    waiting or yielding; b"" once none is (a partial record stays for the next read).
+
+    Trio's `receive_some` returns one record per call and yields after it: a producer
+    writing its sends one at a time had each handled on its own, a read, a save and a
+    turn of the event loop per message, even while dozens more had come in (file
+    store over TLS, unthrottled: 6,900-7,200 msgs/s, against 8,900-9,700 reading them
+    together; paced at 2,000/s, p50 31-62 ms against 3.7-3.9). It reads the stream's
+    `ssl.SSLObject` directly, which only the stream's own reader may do: between
+    `receive_some` calls, in that reader's task. What the read makes TLS send (a key
+    update's answer) goes with the stream's next send or receive. An alert or the
+    peer's close_notify stops it; the next `receive_some` reports them as Trio does.
+    """
+    parts = []
+    while size > 0:
+        try:
+            part = tls.read(size)
+        except ssl.SSLError:  # SSLWantReadError: no whole record left; other errors are sticky
+            break
+        if not part:  # close_notify
+            break
+        parts.append(part)
+        size -= len(part)
+    return b"".join(parts)
+
+
+def _tls_object(stream: trio.abc.Stream) -> ssl.SSLObject | None:
+    """The `ssl.SSLObject` of a `trio.SSLStream`, None for any other stream, or for a Trio
+    that no longer keeps it where this looks (reads then go one record at a time)."""
+    if not isinstance(stream, trio.SSLStream):
+        return None
+    tls = getattr(stream, "_ssl_object", None)
+    return tls if isinstance(tls, ssl.SSLObject) else None
 
 
 def _plain_socket(stream: trio.abc.Stream) -> trio.socket.SocketType | None:
