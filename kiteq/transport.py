@@ -91,7 +91,6 @@ class FramedStream:
         on_sent: Callable[[list[object]], None] = lambda tokens: None,
     ) -> None:
         self.stream = stream
-        self._tls = _tls_object(stream)
         self.read_size = read_size
         self.expect_more = expect_more
         self.on_sent = on_sent
@@ -229,12 +228,13 @@ class FramedStream:
         Returns at EOF or when the peer resets; whatever `on_data` raises ends it.
         """
         socket = _plain_socket(self.stream)
+        tls = _tls_object(self.stream)  # the stream as it is now: the broker's is TLS once shaken hands
         try:
             while True:
                 if socket is None:
                     data = await self.stream.receive_some(self.read_size)
-                    if data and self._tls is not None:
-                        data += _received_records(self._tls, self.read_size - len(data))
+                    if data and tls is not None:
+                        data += _received_records(tls, self.read_size - len(data))
                 else:
                     data = await _receive(socket, self.read_size)
                 if not data:

@@ -326,15 +326,16 @@ class BrokerConnection:
         A lone message on a connection with nothing else being handled (a producer awaiting each
         store-ack) is stored by the reader itself: a task of its own would cost a turn of the
         event loop, which its store-ack would wait for. A store that must wait (the disk busy)
-        then holds up only this connection's next reads. Not over TLS: a read there holds one
-        record, so a message read alone says nothing of what waits behind it, and a producer
-        keeping sends in flight had each wait for the sync of the one before (paced at 1,000/s
-        on the file store, p50 13.7-17.5 ms against 2.0 once its messages went the way of any
-        other read). Otherwise, on a store that stages without waiting (`stages_at_once`), the
-        reader stages them and hands them to their groups itself, and only their wait for the
-        sync and their store-acks go to a task: a task of its own delivered them a turn later,
-        and at 5,000 messages a second on two cores that turn was a good part of a message's way
-        (p50 about 40 % lower with it saved and the pump's turn too, `Lane.take_slot_now`).
+        then holds up only this connection's next reads. Not over TLS: a read there holds only
+        the records Trio has pulled from the socket, so a message read alone says little of what
+        waits behind it, and a producer keeping sends in flight had each wait for the sync of
+        the one before (paced at 1,000/s on the file store, p50 13.7-17.5 ms against 2.0 once
+        its messages went the way of any other read). Otherwise, on a store that stages without
+        waiting (`stages_at_once`), the reader stages them and hands them to their groups
+        itself, and only their wait for the sync and their store-acks go to a task: a task of
+        its own delivered them a turn later, and at 5,000 messages a second on two cores that
+        turn was a good part of a message's way (p50 about 40 % lower with it saved and the
+        pump's turn too, `Lane.take_slot_now`).
         """
         handlers = self.host.handlers
         if len(messages) == 1 and not self._handling.used and self.framed.reads_all_queued:

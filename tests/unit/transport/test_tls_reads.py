@@ -60,12 +60,14 @@ async def _connected() -> tuple[FramedStream, Peer]:
     client_context = ssl.create_default_context()
     ca.configure_trust(client_context)
     ours, theirs = pair()
+    framed = FramedStream(ours)  # as the broker's: made on the TCP stream, TLS once shaken hands
     server = trio.SSLStream(ours, server_context, server_side=True)
     peer = Peer(trio.socket.from_stdlib_socket(theirs), client_context)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(server.do_handshake)
         await peer.handshake()
-    return FramedStream(server), peer
+    framed.stream = server
+    return framed, peer
 
 
 class Reads:
