@@ -72,6 +72,7 @@ log = structlog.get_logger(__name__)
 READ_SIZE = 256 * 1024
 DEFAULT_OUTBOX_LIMIT = 64 * 1024 * 1024
 FLUSH_NOW_BYTES = 256 * 1024  # this much queued goes out without letting others add to it
+TLS_RECORDS_PER_READ = 128  # records taken over TLS beside the one `receive_some` returns
 BULK_SEND_BYTES = 256 * 1024  # bulk taken per send: control frames queued meanwhile go next
 
 
@@ -311,8 +312,9 @@ def _stops(batch: list[bytes], first_bulk: int) -> Iterator[int]:
 
 
 def _received_records(tls: ssl.SSLObject, size: int) -> bytes:
-    """Up to `size` bytes of the TLS records already received whole, decrypted without
-    waiting or yielding; b"" once none is (a partial record stays for the next read).
+    """Up to `size` bytes of the TLS records already received whole, at most
+    `TLS_RECORDS_PER_READ` of them, decrypted without waiting or yielding; b"" if none is
+    (a partial record stays for the next read).
 
     Trio's `receive_some` returns one record per call and yields after it: a producer
     writing its sends one at a time had each handled on its own, a read, a save and a
@@ -323,9 +325,13 @@ def _received_records(tls: ssl.SSLObject, size: int) -> bytes:
     `receive_some` calls, in that reader's task. What the read makes TLS send (a key
     update's answer) goes with the stream's next send or receive. An alert or the
     peer's close_notify stops it; the next `receive_some` reports them as Trio does.
+    A record costs about 3 µs to open however small, so the count is bounded too: a peer
+    writing 64 KiB of one-byte records would otherwise hold the event loop 8 ms or more.
     """
     parts = []
-    while size > 0:
+    for _ in range(TLS_RECORDS_PER_READ):
+        if size <= 0:
+            break
         try:
             part = tls.read(size)
         except ssl.SSLError:  # SSLWantReadError: no whole record left; other errors are sticky

@@ -1,6 +1,6 @@
 """FramedStream's reads over TLS: records that came in together reach the owner in one read,
-a record not yet whole waits for its rest, and a broken record or the peer's close_notify
-after good ones ends the loop once those are read. The peer is a sans-IO `ssl.SSLObject`,
+up to a bound, a record not yet whole waits for its rest, and a broken record or the
+peer's close_notify after good ones ends the loop once those are read. The peer is a sans-IO `ssl.SSLObject`,
 so the test decides which bytes of which records arrive when."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import trio
 import trio.testing
 import trustme
 
-from kiteq.transport import FramedStream
+from kiteq.transport import TLS_RECORDS_PER_READ, FramedStream
 from tests.unit.transport.sockets import pair
 
 FRAMES = [b"one" * 100, b"two" * 100, b"three" * 100]
@@ -110,3 +110,14 @@ async def test_a_broken_record_after_good_ones_ends_the_loop_once_they_are_read(
     with trio.fail_after(10):
         await framed.read_loop(reads.on_data)  # the broken stream ends it, quietly
     assert reads.reads == [b"".join(FRAMES[:2])]
+
+
+async def test_a_read_takes_a_bounded_number_of_records() -> None:
+    framed, peer = await _connected()
+    count = 3 * TLS_RECORDS_PER_READ
+    await peer.send(peer.records(*[b"x"] * count) + peer.close_notify())
+    reads = Reads()
+    with trio.fail_after(10):
+        await framed.read_loop(reads.on_data)
+    assert b"".join(reads.reads) == b"x" * count
+    assert max(len(read) for read in reads.reads) == 1 + TLS_RECORDS_PER_READ
