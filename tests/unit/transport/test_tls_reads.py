@@ -1,7 +1,7 @@
 """FramedStream's reads over TLS: records that came in together reach the owner in one read,
 up to a bound, a record not yet whole waits for its rest, and a broken record or the
-peer's close_notify after good ones ends the loop once those are read. The peer is a sans-IO `ssl.SSLObject`,
-so the test decides which bytes of which records arrive when."""
+peer's close_notify after good ones ends the loop once those are read. The peer is a
+sans-IO `ssl.SSLObject`, so the test decides which bytes of which records arrive when."""
 
 from __future__ import annotations
 
