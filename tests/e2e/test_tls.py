@@ -115,13 +115,14 @@ async def tls_peer(address: str, certs: Certificates, group: str) -> RawPeer:
     return peer
 
 
-async def test_messages_read_one_record_at_a_time_go_on_while_an_earlier_one_awaits_its_sync(
+async def test_a_message_read_alone_over_tls_does_not_hold_the_next_until_its_sync(
     tmp_path: Path, certs: Certificates
 ) -> None:
-    """Over TLS a read holds one record. A producer writes two messages apart while the disk
-    stalls: the broker reads and delivers the second while the first waits for its sync. Its
-    reader used to store a message read alone itself and read on only once that was durable,
-    so every message of a producer with sends in flight waited for the sync before it."""
+    """Over TLS a message read alone may have more behind it. A producer writes one message,
+    and the next only once the first was delivered, while the disk stalls: the broker reads
+    and delivers the second while the first waits for its sync. Its reader used to store a
+    message read alone itself and read on only once that was durable, so every message of a
+    producer with sends in flight waited for the sync before it."""
     listener = RecordingListener()
     async with (
         running_broker(
@@ -137,15 +138,16 @@ async def test_messages_read_one_record_at_a_time_go_on_while_an_earlier_one_awa
         messages = [header("orders", topic="trade", message_type="pay-succ") for _ in range(2)]
         writer._io.acquire()  # the disk stalls: no save becomes durable
         try:
-            for message in messages:
+            for sent, message in enumerate(messages, start=1):
+                # Each written once the one before was delivered, so each is read alone.
                 await peer.send(
                     peer.next_opaque(), Cmd.BYTES_MESSAGE, pb.BytesMessage(header=message, body=b"x")
                 )
-            await wait_until(
-                lambda: len(listener.deliveries) == 2,
-                timeout=5.0,
-                what="both delivered before the first's sync",
-            )
+                await wait_until(
+                    lambda: len(listener.deliveries) == sent,  # noqa: B023 (awaited in this turn of the loop)
+                    timeout=5.0,
+                    what=f"message {sent} delivered before the first's sync",
+                )
         finally:
             writer._io.release()
         acks = [(await peer.receive(Cmd.MESSAGE_STORE_ACK))[1] for _ in messages]
