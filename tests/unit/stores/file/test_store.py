@@ -610,7 +610,10 @@ async def test_the_log_is_compacted_into_snapshots(
             logs = names(tmp_path, "*.log")
     assert logs[0] != "0000000001.log", "old generations are deleted while the store runs"
     refusals = [event for event in events if event["event"] == "store.fork_refused"]
-    assert len(refusals) == (4 if fork == "refused" else 0)  # three while open, one at close
+    started = [event for event in events if event["event"] == "store.compaction_started"]
+    # Three finished while open; how many more started (in the last round, at close) is timing.
+    assert len(started) >= 4
+    assert len(refusals) == (len(started) if fork == "refused" else 0)
     assert all("Resource temporarily unavailable" in event["error"] for event in refusals)
     async with FileStore.from_uri(uri(tmp_path)) as store:
         got = await store.get(entities[7].message_id)
