@@ -640,7 +640,9 @@ async def test_a_snapshot_that_fails_to_be_written_is_retried_at_the_next_cut(tm
                         await store.update_delivery(entity.message_id, ["a"], [], rounds, 1000.0 + rounds)
                     await store.save(message())  # yields to the loop, which takes in the compactor's report
                     rounds += 1
-            assert names(tmp_path, "*.snap") == ["0000000003.snap"]
+            # Generation 3 replaced the failed 2; a 4th, cut as 3 was taken in, may be installed too.
+            snapshots = names(tmp_path, "*.snap")
+            assert snapshots and min(snapshots) >= "0000000003.snap", snapshots
     [failed] = [entry for entry in logs if entry["event"] == "store.compaction_failed"]
     assert failed["generation"] == 2
     assert "exited with status 1: IsADirectoryError" in failed["error"]
