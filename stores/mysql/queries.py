@@ -203,6 +203,13 @@ async def fetch_all(conn: Connection, text: str, args: Sequence[object]) -> list
         return list(await cursor.fetchall())
 
 
+async def server_variables(conn: Connection, names: Sequence[str]) -> dict[str, str]:
+    """The server's global variables among `names` (those it has), values as it shows them."""
+    marks = ", ".join(["%s"] * len(names))
+    rows = await fetch_all(conn, f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({marks})", names)
+    return {str(name): str(value) for name, value in rows}
+
+
 async def binlog_position(conn: Connection) -> str:
     """The master's last written GTID position (what a replica must reach to be current)."""
     row = await fetch_one(conn, "SELECT @@global.gtid_binlog_pos", ())

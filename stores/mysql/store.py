@@ -31,6 +31,7 @@ from stores.errors import StoreError, StoreUnavailable
 from stores.mysql import queries
 from stores.mysql.batcher import Batcher
 from stores.mysql.bridge import AsyncioBridge
+from stores.mysql.durability import SETTINGS, Weakness, weaknesses
 from stores.mysql.pools import Server
 from stores.mysql.router import ScanRouter
 from stores.mysql.rows import STATE_COLUMNS, check, from_row, groups_json, storable_id, values_sql
@@ -58,6 +59,7 @@ class MySQLStore(SharedStore):
         self._updates: Batcher[queries.UpdateItem, bool] | None = None
         self._finishes: Batcher[queries.FinishItem, bool] | None = None
         self._schema_version = 0
+        self._weaknesses: list[Weakness] = []
         self._statements: Statements | None = None
 
     def own_as(self, broker: str) -> None:
@@ -91,6 +93,7 @@ class MySQLStore(SharedStore):
             self._master = Server("master", config.master, config, self._bridge, maxsize=config.pool_size)
             await self._master.open(connect=True)
             self._schema_version = (await self._master.call(verify_schema, config)).version
+            await self._check_durability(self._master)
             if config.replica is not None:
                 self._replica = Server(
                     "replica", config.replica, config, self._bridge, maxsize=REPLICA_POOL, use_database=False
@@ -102,6 +105,17 @@ class MySQLStore(SharedStore):
             await self.close()
             raise
         self._log.info("mysql.store.started", shards=config.shards, schema_version=self._schema_version)
+
+    async def _check_durability(self, master: Server) -> None:
+        """Warn of each master setting under which an acknowledged save can be lost (durability.py)."""
+        self._weaknesses = weaknesses(await master.call(queries.server_variables, SETTINGS))
+        for weakness in self._weaknesses:
+            self._log.warning(
+                "mysql.durability_weakened",
+                setting=weakness.setting,
+                value=weakness.value,
+                detail=weakness.advice,
+            )
 
     def _start_batchers(self) -> None:
         config, bridge = self.config, self._bridge
@@ -374,6 +388,7 @@ class MySQLStore(SharedStore):
                 "master": str(self.config.master),
                 "shards": self.config.shards,
                 "schema_version": self._schema_version,
+                "durability_weakened": [str(weakness) for weakness in self._weaknesses],
                 **self._scans().details(),
                 "batches": batchers,
             },

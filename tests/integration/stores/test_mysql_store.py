@@ -5,11 +5,13 @@ from __future__ import annotations
 import uuid
 
 import pytest
+import structlog
 import trio
 
 from stores import MessageEntity, MessageStore, StoreError, open_store
 from stores.mysql import MySQLStore
 from tests.contract.test_store_contract import all_pages, new_entity
+from tests.services.mariadb import MariaDBPair
 
 pytestmark = pytest.mark.mysql
 
@@ -151,3 +153,25 @@ async def test_cursor_of_another_scan_is_refused(mysql_store_uri: str) -> None:
             await store.page_dead(page.cursor, 1)
         with pytest.raises(StoreError, match="page_due"):
             await store.page_due(10_000.0, "garbage", 1)
+
+
+async def test_a_master_that_can_lose_acknowledged_saves_is_named_at_start(
+    mariadb: MariaDBPair, mysql_store_uri: str
+) -> None:
+    async with open_store(mysql_store_uri) as durable:
+        assert (await durable.stats()).details["durability_weakened"] == [], (
+            "the test pair is set up as documented"
+        )
+
+    mariadb.master.execute("SET GLOBAL sync_binlog = 0", "SET GLOBAL innodb_flush_log_at_trx_commit = 2")
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with open_store(mysql_store_uri) as weak:
+                assert await weak.save(new_entity()), "a weakened master still takes saves"
+                details = (await weak.stats()).details
+    finally:
+        mariadb.master.execute("SET GLOBAL sync_binlog = 1", "SET GLOBAL innodb_flush_log_at_trx_commit = 1")
+    assert details["durability_weakened"] == ["innodb_flush_log_at_trx_commit=2", "sync_binlog=0"]
+    warned = {(log["setting"], log["value"]) for log in logs if log["event"] == "mysql.durability_weakened"}
+    assert warned == {("innodb_flush_log_at_trx_commit", "2"), ("sync_binlog", "0")}
+    assert all(log["log_level"] == "warning" for log in logs if log["event"] == "mysql.durability_weakened")
