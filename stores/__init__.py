@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from stores.base import Cursor, DeadLetter, MessageStore, Page, SharedStore, Stage, StoreStats
+from stores.base import Cursor, DeadLetter, DeliveryUpdate, MessageStore, Page, SharedStore, Stage, StoreStats
 from stores.entity import BYTES, STRING, MessageEntity, entity_from_wire
 from stores.errors import (
     StoreConfigError,
@@ -41,6 +41,7 @@ __all__ = [
     "STRING",
     "Cursor",
     "DeadLetter",
+    "DeliveryUpdate",
     "MessageEntity",
     "MessageStore",
     "Page",

@@ -58,6 +58,17 @@ class DeadLetter:
     at: float  # when it was dead-lettered: kept as the dead letter's next_deliver_at
 
 
+@dataclass(frozen=True, slots=True)
+class DeliveryUpdate:
+    """A delivery round's outcome to record: `update_delivery`'s arguments, for `update_delivery_many`."""
+
+    message_id: str
+    succ_groups: tuple[str, ...]
+    fail_groups: tuple[str, ...]
+    deliver_count: int
+    next_deliver_at: float
+
+
 class Stage(StrEnum):
     """Where a stored message is in its life, as `page_messages` selects it."""
 
@@ -232,6 +243,25 @@ class MessageStore(AsyncResource):
         next_deliver_at: float,
     ) -> bool:
         """Record a delivery round (or, for an uncommitted message, a tx check)."""
+
+    async def update_delivery_many(self, updates: Sequence[DeliveryUpdate]) -> list[bool]:
+        """`update_delivery` for each; one answer per update. Raises StoreError if any failed.
+
+        The rounds that end together are recorded together: one at a time, a broker whose
+        consumers outpace the recording (a group whose lane is full is owed every message)
+        keeps the rounds, bodies and all, waiting their turn. Stores log them together
+        where they can; this default runs them concurrently.
+        """
+        return await _concurrently(self._update_delivery_of, updates)
+
+    async def _update_delivery_of(self, update: DeliveryUpdate) -> bool:
+        return await self.update_delivery(
+            update.message_id,
+            update.succ_groups,
+            update.fail_groups,
+            update.deliver_count,
+            update.next_deliver_at,
+        )
 
     @abstractmethod
     async def finish(self, message_id: str) -> bool:

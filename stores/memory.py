@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Container, Iterable, Iterator,
 
 import trio
 
-from stores.base import Cursor, MessageStore, Page, Stage, StoreStats, stage_walk
+from stores.base import Cursor, DeliveryUpdate, MessageStore, Page, Stage, StoreStats, stage_walk
 from stores.entity import MessageEntity
 from stores.schedule import PROMOTE_STEP, Schedule, ScheduledCounts, scheduled_at
 from stores.sortedids import SortedIds
@@ -102,6 +102,9 @@ class MemoryStore(MessageStore):
 
     async def finish_many(self, message_ids: Sequence[str]) -> list[bool]:
         return [await self.finish(message_id) for message_id in message_ids]
+
+    async def update_delivery_many(self, updates: Sequence[DeliveryUpdate]) -> list[bool]:
+        return [await self._update_delivery_of(update) for update in updates]
 
     async def get(self, message_id: str) -> MessageEntity | None:
         entity = self._messages.get(message_id)

@@ -44,7 +44,17 @@ from typing import Any, Self
 import structlog
 import trio
 
-from stores.base import Cursor, DeadLetter, MessageStore, Page, Stage, Staged, StoreStats, nothing_coming
+from stores.base import (
+    Cursor,
+    DeadLetter,
+    DeliveryUpdate,
+    MessageStore,
+    Page,
+    Stage,
+    Staged,
+    StoreStats,
+    nothing_coming,
+)
 from stores.entity import MessageEntity
 from stores.errors import StoreError, StoreUnavailable
 from stores.file import forked, layout, records
@@ -251,10 +261,19 @@ class FileStore(MessageStore):
         deliver_count: int,
         next_deliver_at: float,
     ) -> bool:
-        groups = (tuple(succ_groups), tuple(fail_groups))
         return await self._change(
-            Op(RecordType.DELIVERY, message_id, 0, 0, deliver_count, next_deliver_at, groups)
+            _delivery_op(message_id, succ_groups, fail_groups, deliver_count, next_deliver_at)
         )
+
+    async def update_delivery_many(self, updates: Sequence[DeliveryUpdate]) -> list[bool]:
+        """One append for all; not a checkpoint unless it waits for a write, as `finish_many`."""
+        ops = [
+            _delivery_op(u.message_id, u.succ_groups, u.fail_groups, u.deliver_count, u.next_deliver_at)
+            for u in updates
+        ]
+        answers, batch = self._apply(self._writable(), ops)
+        await self._written((batch,))
+        return answers
 
     async def finish(self, message_id: str) -> bool:
         return await self._change(Op(RecordType.FINISH, message_id, 0, 0))
@@ -275,9 +294,10 @@ class FileStore(MessageStore):
         """Each letter's final delivery state and its DEAD record in one append and one fsync."""
         ops = []
         for letter in letters:
-            groups = (letter.succ_groups, letter.fail_groups)
             ops.append(
-                Op(RecordType.DELIVERY, letter.message_id, 0, 0, letter.deliver_count, letter.at, groups)
+                _delivery_op(
+                    letter.message_id, letter.succ_groups, letter.fail_groups, letter.deliver_count, letter.at
+                )
             )
             ops.append(Op(RecordType.DEAD, letter.message_id, 0, 0, reason=letter.reason))
         answers, batch = self._apply(self._writable(), ops)
@@ -629,6 +649,18 @@ class FileStore(MessageStore):
     def _readable(self) -> None:
         if self._state != "open":
             raise StoreError(f"the file store {self.directory} is not open (state: {self._state})")
+
+
+def _delivery_op(
+    message_id: str,
+    succ_groups: Iterable[str],
+    fail_groups: Iterable[str],
+    deliver_count: int,
+    next_deliver_at: float,
+) -> Op:
+    """The DELIVERY record of a round's outcome (or a transaction check)."""
+    groups = (tuple(succ_groups), tuple(fail_groups))
+    return Op(RecordType.DELIVERY, message_id, 0, 0, deliver_count, next_deliver_at, groups)
 
 
 def _distinct(batches: Iterable[Batch | None]) -> list[Batch]:

@@ -11,7 +11,7 @@ import uuid
 import trio
 
 from protocol import Cmd
-from stores import DeadLetter, MessageEntity, MessageStore, Stage, StoreStats, open_store
+from stores import DeadLetter, DeliveryUpdate, MessageEntity, MessageStore, Stage, StoreStats, open_store
 
 
 def new_entity(
@@ -133,6 +133,29 @@ async def test_update_delivery_records_state(store: MessageStore) -> None:
     assert got.deliver_count == 3
     assert got.next_deliver_at == 5_000.0
     assert await store.update_delivery(uuid.uuid4().hex, [], [], 1, 1.0) is False
+
+
+async def test_update_delivery_many_answers_each_update_like_update_delivery(store: MessageStore) -> None:
+    retried, reoffered = new_entity(), new_entity()
+    for entity in (retried, reoffered):
+        await store.save(entity)
+    answers = await store.update_delivery_many(
+        [
+            DeliveryUpdate(retried.message_id, ("a",), ("b",), 2, 1_234.5),
+            DeliveryUpdate(uuid.uuid4().hex, (), (), 1, 1.0),
+            DeliveryUpdate(reoffered.message_id, ("a", "c"), (), 1, 99.0),
+        ]
+    )
+    assert answers == [True, False, True]
+    states = []
+    for entity in (retried, reoffered):
+        got = await store.get(entity.message_id)
+        assert got is not None
+        states.append((set(got.succ_groups), list(got.fail_groups), got.deliver_count, got.next_deliver_at))
+    assert states == [({"a"}, ["b"], 2, 1_234.5), ({"a", "c"}, [], 1, 99.0)]
+    due = await all_pages(lambda after, limit: store.page_due(100.0, after, limit))
+    assert [e.message_id for e in due] == [reoffered.message_id], "each due at its own time"
+    assert await store.update_delivery_many([]) == []
 
 
 async def test_page_due_respects_time_state_and_limit(store: MessageStore) -> None:

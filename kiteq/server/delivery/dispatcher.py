@@ -27,7 +27,7 @@ from kiteq.server.groups import GroupTable, Peer
 from kiteq.server.routing import Router
 from protocol.logevents import LogEvent
 from protocol.schedule import deliver_at_of
-from stores import DeadLetter, MessageStore, StoreError
+from stores import DeadLetter, DeliveryUpdate, MessageStore, StoreError
 from stores.entity import MessageEntity
 
 log = structlog.get_logger(__name__)
@@ -340,13 +340,22 @@ class Dispatcher:
         dead = [(r, o) for r, o in outcomes if o.verdict is Verdict.DEAD and not r.entity.fly]
         if dead:
             await self._dead_letter(dead, now)
-        for round_, outcome in outcomes:
-            if outcome.verdict in (Verdict.FINISH, Verdict.DEAD):
-                continue
+        # The rest together too: one at a time, a group whose lane is full (owed every
+        # message) kept the rounds, bodies and all, waiting their turn to be recorded.
+        recorded = [
+            (outcome.verdict, update)
+            for round_, outcome in outcomes
+            if (update := self._update_of(round_, outcome, now)) is not None
+        ]
+        if recorded:
             try:
-                await self._record(round_, outcome)
+                await self.store.update_delivery_many([update for _, update in recorded])
             except StoreError as exc:
-                log.warning("delivery.record_failed", message_id=round_.message_id, error=str(exc))
+                log.warning("delivery.record_failed", messages=len(recorded), error=str(exc))
+                return
+            for verdict, update in recorded:
+                if verdict is Verdict.RETRY:
+                    self.on_retry(update.next_deliver_at)
 
     async def _dead_letter(self, dead: list[tuple[Round, Outcome]], now: float) -> None:
         """Dead-letter rounds together (one store write, one fsync), with their final state."""
@@ -379,12 +388,12 @@ class Dispatcher:
         while self.rounds:
             await self._idle.wait()
 
-    async def _record(self, round_: Round, outcome: Outcome) -> None:
-        """Store an outcome other than FINISH (fly messages have nothing stored)."""
-        entity = round_.entity
-        if entity.fly:
-            return
-        now = self.clock()
+    def _update_of(self, round_: Round, outcome: Outcome, now: float) -> DeliveryUpdate | None:
+        """What the store records of an outcome other than FINISH and DEAD (written apart),
+        if anything: fly messages have nothing stored. A retry is due after its backoff, a
+        reoffer at once."""
+        if round_.entity.fly:
+            return None
         match outcome.verdict:
             case Verdict.RETRY:
                 delay = backoff_delay(
@@ -393,20 +402,17 @@ class Dispatcher:
                     self.config.retry_max,
                     self.config.retry_jitter,
                 )
-                await self.store.update_delivery(
-                    entity.message_id,
+                return DeliveryUpdate(
+                    round_.message_id,
                     outcome.succ_groups,
                     outcome.fail_groups,
                     outcome.deliver_count,
                     now + delay,
                 )
-                self.on_retry(now + delay)
             case Verdict.REOFFER:
-                await self.store.update_delivery(
-                    entity.message_id, outcome.succ_groups, (), outcome.deliver_count, now
-                )
+                return DeliveryUpdate(round_.message_id, outcome.succ_groups, (), outcome.deliver_count, now)
             case Verdict.UNCHANGED | Verdict.FINISH | Verdict.DEAD:
-                pass
+                return None
 
     # -- introspection ------------------------------------------------------------------
 
