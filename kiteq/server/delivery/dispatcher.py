@@ -304,7 +304,8 @@ class Dispatcher:
     async def _record_completed(self) -> None:
         """Write finished rounds' outcomes; a round is forgotten only once its outcome is stored.
 
-        Rounds that completed together are recorded together: their finishes in one call.
+        Rounds that completed together are recorded together: their finishes in one call,
+        their dead letters in one, the rest (retries, reoffers) in one.
         The task first lets the others that are ready run: the acks that completed these
         rounds freed watermark slots, and the pump's next deliveries should reach the
         consumer before this bookkeeping runs, not after (a consumer waiting on the
