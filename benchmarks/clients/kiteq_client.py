@@ -2,7 +2,7 @@
 
 `produce`: one task sends through a `Producer.pipeline` of `--window` sends in flight,
 each once it is due (paced, woken by an `Alarm`) and the window has room, as the pika
-publisher does.
+publisher does; like pika's, each body is built once there is room.
 `consume`: one Consumer of the group whose persistent binding (watermark = `--window`)
 the benchmark registered; listeners run up to `--window` at once. Prints `ready` once
 connected (consume), then a JSON report.
@@ -63,6 +63,7 @@ async def send_paced(
                     alarm.set(sends.due_at(index))
                     await trio.lowlevel.wait_readable(alarm.fd)
                     alarm.clear()
+                await pipeline.room()  # an unpaced body is stamped as it leaves, as pika's are
                 await pipeline.send(message_of(index))
                 sends.left(index)
     finally:

@@ -3,6 +3,7 @@
 Written one at a time from the sender's task (each finding the connection idle), a
 burst of them cost the producer a syscall each and the broker a read each. A send
 that finds room without waiting is still written at once (test_sends_in_flight.py).
+Waiting for room first (`pipeline.room()`, then `send`) changes none of it.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ OnStored = Callable[[SendError | None], None]
         (2, 5, [1, 2], [True, True, False, False, False]),
     ],
 )
+@pytest.mark.parametrize("room_first", [False, True], ids=["send", "room-then-send"])
 async def test_which_sends_are_written_at_once(
-    window: int, sends: int, answered_when_full: list[int], at_once: list[bool]
+    window: int, sends: int, answered_when_full: list[int], at_once: list[bool], room_first: bool
 ) -> None:
     handed: list[tuple[bool, OnStored]] = []
 
@@ -49,6 +51,9 @@ async def test_which_sends_are_written_at_once(
 
         async def sender() -> None:
             for index in range(sends):
+                if room_first:  # the message is built once there is room, then sent
+                    await pipeline.room()
+                    assert pipeline.in_flight < window
                 await pipeline.send(Message("t", "x", b"%d" % index))
             done.set()
 
