@@ -63,7 +63,7 @@ async def send_paced(
                     alarm.set(sends.due_at(index))
                     await trio.lowlevel.wait_readable(alarm.fd)
                     alarm.clear()
-                await pipeline.room()  # an unpaced body is stamped as it leaves, as pika's are
+                await pipeline.wait_for_room()  # an unpaced body is stamped as it leaves, as pika's are
                 await pipeline.send(message_of(index))
                 sends.left(index)
     finally:

@@ -69,7 +69,7 @@ class SendPipeline:
         if kind is None:  # the block's own error goes first
             self._raise_failure()
 
-    async def room(self) -> None:
+    async def wait_for_room(self) -> None:
         """Return once the window has room for one more send: a message built after this
         (stamped with the time, say) leaves as soon as `send` is called."""
         if self.in_flight >= self.window:
@@ -79,7 +79,7 @@ class SendPipeline:
 
     async def send(self, message: Message, *, compress: bool = False) -> None:
         """Send `message`; its outcome goes to `on_result`. Yields only while the window is full."""
-        await self.room()
+        await self.wait_for_room()
         at_once = self._refilling == 0
         if not at_once:
             self._refilling -= 1

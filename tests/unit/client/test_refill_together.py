@@ -3,7 +3,7 @@
 Written one at a time from the sender's task (each finding the connection idle), a
 burst of them cost the producer a syscall each and the broker a read each. A send
 that finds room without waiting is still written at once (test_sends_in_flight.py).
-Waiting for room first (`pipeline.room()`, then `send`) changes none of it.
+Waiting for room first (`pipeline.wait_for_room()`, then `send`) changes none of it.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ async def test_which_sends_are_written_at_once(
         async def sender() -> None:
             for index in range(sends):
                 if room_first:  # the message is built once there is room, then sent
-                    await pipeline.room()
+                    await pipeline.wait_for_room()
                     assert pipeline.in_flight < window
                 await pipeline.send(Message("t", "x", b"%d" % index))
             done.set()
