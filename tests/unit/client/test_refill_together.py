@@ -34,7 +34,7 @@ OnStored = Callable[[SendError | None], None]
         (2, 5, [1, 2], [True, True, False, False, False]),
     ],
 )
-@pytest.mark.parametrize("room_first", [False, True], ids=["send", "room-then-send"])
+@pytest.mark.parametrize("room_first", [False, True], ids=["send", "wait-then-send"])
 async def test_which_sends_are_written_at_once(
     window: int, sends: int, answered_when_full: list[int], at_once: list[bool], room_first: bool
 ) -> None:
