@@ -40,11 +40,18 @@ Waking the writer costs two turns of the event loop, which under load a whole ba
 shares and on an idle path one frame pays for alone: with a producer awaiting each
 store-ack, saving them here and in the store took 6-42 % off the broker's CPU per
 message (four runs in turns). Whatever the socket does not take goes to the head of the
-outbox, for the writer. Bulk frames always go through the writer, which alone bounds
-how much of them a control frame can find ahead of it (a slow reader's heartbeat
-replies came about a tenth later when idle deliveries went straight to its socket) and
-starts their timeouts as it hands them over. Over TLS every frame goes through the
-writer: the TLS stream is Trio's to drive.
+outbox, for the writer. Bulk frames go through the writer, which bounds how much of them
+a control frame can find ahead of it (a slow reader's heartbeat replies came about a
+tenth later when idle deliveries went straight to its socket) and starts their timeouts
+as it hands them over. One exception: once `EAGER_BULK_BYTES` of bulk is queued while the
+writer is idle and no control frame waits, the task queuing it writes it itself, without
+waiting (the writer then starts their timeouts on its next turn, and sends what the socket
+did not take). The broker pushes a producer's burst to its consumers in one turn of its
+loop; written only after the turn, the consumer sat idle while the broker worked and then
+got it all at once (memory store, unthrottled: p99 5.8-5.9 ms against 3.7-4.5 written
+early, file store 2.8-3.1 against 2.2-2.7, rounds in turns). A socket the writer is
+waiting on is full, so a slow reader gets nothing early. Over TLS every frame goes
+through the writer: the TLS stream is Trio's to drive.
 
 The writer, too, writes a plain socket directly, and waits (`wait_writable`) only when
 the socket is full. Trio's `send_all` yields once more after a send that did not wait,
@@ -74,6 +81,7 @@ DEFAULT_OUTBOX_LIMIT = 64 * 1024 * 1024
 FLUSH_NOW_BYTES = 256 * 1024  # this much queued goes out without letting others add to it
 TLS_RECORDS_PER_READ = 128  # records taken over TLS beside the one `receive_some` returns
 BULK_SEND_BYTES = 256 * 1024  # bulk taken per send: control frames queued meanwhile go next
+EAGER_BULK_BYTES = 32 * 1024  # bulk queued in one turn that the caller writes itself, the writer idle
 
 
 class OutboxOverflow(Exception):
@@ -100,6 +108,7 @@ class FramedStream:
         self._outbox_bytes = 0
         self._bulk: deque[tuple[bytes, object]] = deque()
         self.bulk_bytes = 0
+        self._sent_early: list[object] = []  # tokens of bulk written by `send_bulk`, for `on_sent`
         self._wakeup = trio.Event()
         self._writing = False
         self._closed = False
@@ -141,7 +150,27 @@ class FramedStream:
             return
         self._bulk.append((data, token))
         self.bulk_bytes += len(data)
+        if self.bulk_bytes >= EAGER_BULK_BYTES and not self._outbox and not self._writing:
+            self._write_bulk_now()
         self._wakeup.set()
+
+    def _write_bulk_now(self) -> None:
+        """Write the bulk queued so far from the caller's task, without waiting: what the
+        socket does not take stays for the writer, which also passes what went to `on_sent`."""
+        socket = _plain_socket(self.stream)
+        if socket is None:
+            return
+        batch: list[bytes] = []
+        tokens = self._take_bulk(batch)
+        data = b"".join(batch)
+        try:
+            sent = os.write(socket.fileno(), data)
+        except OSError:  # BlockingIOError included: the writer finds out
+            sent = 0
+        self.bytes_out += sent
+        if sent < len(data):
+            tokens = self._requeue_unsent(batch, 0, tokens, sent)
+        self._sent_early.extend(tokens)
 
     def _unsent_after_idle_write(self, data: bytes) -> bytes:
         """On an idle path, write control frame `data` now; what the socket did not take
@@ -163,6 +192,9 @@ class FramedStream:
         """Flush the outbox until `finish()` was called and all is sent, or the peer goes away."""
         try:
             while True:
+                if self._sent_early:
+                    sent_early, self._sent_early = self._sent_early, []
+                    self.on_sent(sent_early)
                 if not self._outbox and not self._bulk:
                     if self._closed:
                         return
@@ -192,6 +224,7 @@ class FramedStream:
             self._outbox.clear()
             self._bulk.clear()
             self.bulk_bytes = 0
+            self._sent_early.clear()
 
     def _take_bulk(self, batch: list[bytes]) -> list[object]:
         """Move up to BULK_SEND_BYTES of bulk frames (at least one) into `batch`; their tokens."""
@@ -209,10 +242,22 @@ class FramedStream:
     def _requeue_unsent(
         self, batch: list[bytes], first_bulk: int, tokens: list[object], sent: int
     ) -> list[object]:
-        """After a send that stopped at a frame's end (`sent` bytes of `batch`, whose bulk frames
-        start at `first_bulk`), put the bulk frames not sent back at the head of the lane, in
-        order; the tokens of those that were."""
-        done = sum(1 for stop in _stops(batch, first_bulk) if stop <= sent) - 1
+        """After a send of `sent` bytes of `batch` (its control frames, those before
+        `first_bulk`, all sent), put the bulk frames not sent back at the head of their lane,
+        in order, and the rest of one cut short at the head of the outbox, to go on first;
+        the tokens of those that went, the one cut short included."""
+        end = sum(len(frame) for frame in batch[:first_bulk])
+        done = 0
+        for frame in batch[first_bulk:]:
+            start, end = end, end + len(frame)
+            if end > sent:
+                if start < sent:
+                    rest = frame[sent - start :]
+                    self._outbox.insert(0, rest)
+                    self._outbox_bytes += len(rest)
+                    done += 1
+                break
+            done += 1
         unsent = batch[first_bulk + done :]
         self._bulk.extendleft(reversed(list(zip(unsent, tokens[done:], strict=True))))
         self.bulk_bytes += sum(len(frame) for frame in unsent)

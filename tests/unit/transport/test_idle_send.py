@@ -1,6 +1,7 @@
 """FramedStream on an idle path: a frame is written from the caller's task, the writer
 never woken; under load, or behind anything still queued, it waits for the writer as
-before, and what the socket does not take goes out next, in order."""
+before, and what the socket does not take goes out next, in order. Deliveries wait for
+the writer, unless a turn queues `EAGER_BULK_BYTES` of them while it is idle."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import socket
 import trio
 import trio.testing
 
-from kiteq.transport import FramedStream
+from kiteq.transport import EAGER_BULK_BYTES, FramedStream
 from tests.helpers import TaskSteps
 from tests.unit.transport.sockets import pair
 
@@ -34,7 +35,7 @@ async def test_an_idle_frame_reaches_the_peer_without_the_writer() -> None:
     assert framed.bytes_out == len(b"store-ack")
 
 
-async def test_deliveries_go_through_the_writer_even_when_idle() -> None:
+async def test_a_delivery_goes_through_the_writer_even_when_idle() -> None:
     sent: list[object] = []
     stream, peer = pair()
     framed = FramedStream(stream, on_sent=sent.extend)
@@ -189,3 +190,60 @@ async def test_a_control_frame_queued_while_the_socket_is_full_waits_for_one_bul
     assert before < 50_000, f"{before} bytes of bulk went ahead of it: the whole send did"
     assert bytes(received[:before] + received[before + len(b"CONTROL") :]) == b"".join(frames)
     assert sent == list(range(100)), "every frame reported sent once, in order"
+
+
+async def test_a_turns_worth_of_deliveries_reaches_the_peer_before_the_turn_ends() -> None:
+    # The broker pushes a producer's burst in one turn of its loop: the consumer gets the
+    # first of it while the broker is still at the rest.
+    sent: list[object] = []
+    stream, peer = pair()
+    framed = FramedStream(stream, on_sent=sent.extend)
+    frame = b"d" * 1024
+    count = EAGER_BULK_BYTES // len(frame)
+    for index in range(count - 1):
+        framed.send_bulk(frame, index)
+    assert _read_all(peer) == b"", "under the bound: left for the writer"
+    framed.send_bulk(frame, count - 1)
+    assert _read_all(peer) == frame * count, "written by the caller, with no yield"
+    assert sent == [], "their timeouts start on the writer's turn"
+    framed.send_bulk(b"tail", count)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(framed.write_loop)
+        await trio.testing.wait_all_tasks_blocked()
+        framed.finish()
+    assert _read_all(peer) == b"tail"
+    assert sent == list(range(count + 1)), "every one reported sent once, in order"
+
+
+async def test_a_delivery_the_socket_cuts_short_goes_on_first_whole() -> None:
+    stream, peer = pair(send_buffer=4096)
+    sent: list[object] = []
+    framed = FramedStream(stream, on_sent=sent.extend)
+    frames = [b"%05d" % index + b"." * 995 for index in range(EAGER_BULK_BYTES // 1000 + 20)]
+    for index, frame in enumerate(frames):
+        framed.send_bulk(frame, index)
+    received = bytearray(_read_all(peer))
+    assert 0 < len(received) < EAGER_BULK_BYTES and len(received) % 1000, "a frame was cut short"
+    framed.send(b"CONTROL")  # behind the rest of the frame cut short
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(framed.write_loop)
+        framed.finish()
+        while len(received) < 1000 * len(frames) + len(b"CONTROL"):
+            await trio.testing.wait_all_tasks_blocked()
+            received += _read_all(peer)
+    before = received.index(b"CONTROL")
+    assert before % 1000 == 0, "at the end of a bulk frame"
+    assert bytes(received[:before] + received[before + len(b"CONTROL") :]) == b"".join(frames)
+    assert sent == list(range(len(frames))), "every frame reported sent once, in order"
+
+
+async def test_deliveries_wait_for_the_writer_behind_a_queued_control_frame_or_over_tls() -> None:
+    stream, peer = pair()
+    busy = FramedStream(stream, expect_more=lambda: True)
+    busy.send(b"ack")  # under load: queued for the writer
+    other, other_peer = pair()
+    wrapped = FramedStream(trio.StapledStream(other, other))  # any stream but a plain socket
+    for framed in (busy, wrapped):
+        for _ in range(2 * EAGER_BULK_BYTES // 1024):
+            framed.send_bulk(b"d" * 1024, None)
+    assert _read_all(peer) == b"" and _read_all(other_peer) == b""
