@@ -150,6 +150,27 @@ def remove(path: Path) -> None:
     doomed.unlink(missing_ok=True)
 
 
+def drop_cached(path: Path) -> None:
+    """Ask the kernel to drop `path`'s pages from the page cache (what it holds is synced,
+    so they are clean and go at once); gone already is fine.
+
+    A store that keeps every segment it writes cached grows the page cache by all it
+    stores. On a virtual machine that hands free memory back to its host (free page
+    reporting), each new page of that growth is first faulted in by the host: building a
+    backlog of 2,000,000 messages, a 128 KiB write of zeros into a new segment took 0.35 ms
+    after the first million against 0.045 before, the store's saves 14 % longer and the
+    sends as much slower; with the pages of what is sealed dropped, the page cache stays at
+    about the segments being written, and the rate held."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def release(fd: int) -> threading.Thread | None:
     """Close the last descriptor of an unlinked file on a thread of its own, its blocks
     freed REMOVE_STEP at a time first: closing it frees them all at once, and the caller

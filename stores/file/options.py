@@ -33,7 +33,8 @@ class FileStoreOptions:
     read_only: open for offline inspection (nothing written, torn tails left alone);
     compact_bytes: log size that triggers a snapshot; cache_bytes: recent payloads kept in memory;
     write_in_place: a waited-on batch may be written on the event loop's thread when it is idle;
-    preallocate: the next data segment is zero-filled ahead (preallocation.py; not with fsync=never).
+    preallocate: the next data segment is zero-filled ahead (preallocation.py; not with fsync=never);
+    cache_sealed: a sealed data segment's pages stay in the page cache (by default they are dropped).
     """
 
     fsync: FsyncMode = FsyncMode.BATCH
@@ -44,6 +45,7 @@ class FileStoreOptions:
     cache_bytes: int = 16 * MIB
     write_in_place: bool = True
     preallocate: bool = True
+    cache_sealed: bool = False
 
     @classmethod
     def parse(cls, raw: Mapping[str, object]) -> FileStoreOptions:
@@ -57,7 +59,7 @@ class FileStoreOptions:
         for name, value in raw.items():
             if name == "fsync":
                 values[name] = _fsync(value)
-            elif name in ("repair", "read_only", "write_in_place", "preallocate"):
+            elif name in ("repair", "read_only", "write_in_place", "preallocate", "cache_sealed"):
                 values[name] = _bool(name, value)
             else:
                 values[name] = _size(name, value)

@@ -163,6 +163,7 @@ class FileStore(MessageStore):
                 self._compacted,
                 in_place=options.write_in_place,
                 preallocate=options.preallocate,
+                drop_sealed=not options.cache_sealed,
             )
         self._state = "open"
         if self._writer is not None and recovered.repaired:

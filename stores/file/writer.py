@@ -178,8 +178,11 @@ class Writer:
         *,
         in_place: bool = True,
         preallocate: bool = True,
+        drop_sealed: bool = True,
     ) -> None:
         self.directory = directory
+        # Whether a sealed segment's pages are dropped from the page cache (`layout.drop_cached`).
+        self.drop_sealed = drop_sealed
         self.mode = mode
         self.segment_bytes = segment_bytes
         self._on_done = on_done
@@ -690,16 +693,17 @@ class Writer:
 
     def _seal(self) -> None:
         """A segment the writer leaves is fsynced in every mode: only the last may have a torn tail.
-        Then its summary is written, on a thread of its own (see summary.py)."""
+        Then its summary is written and its pages dropped from the page cache (unless
+        `drop_sealed` is off), on a thread of its own (see summary.py)."""
         sealed = self._active
         if sealed is not None:
             self._cut_zeros(sealed)
         self._data_dirty = False
-        if sealed is not None and sealed.summary is not None:
+        if sealed is not None and (sealed.summary is not None or self.drop_sealed):
             built, sealed.summary = sealed.summary, None
             self._summarizers = [thread for thread in self._summarizers if thread.is_alive()]
             thread = threading.Thread(
-                target=self._summarize,
+                target=self._after_seal,
                 args=(sealed.number, built),
                 name=f"kiteq-store-summary:{sealed.number}",
                 daemon=True,
@@ -707,8 +711,18 @@ class Writer:
             self._summarizers.append(thread)
             thread.start()
 
+    def _after_seal(self, number: int, built: summaries.Summary | None) -> None:
+        """A sealed segment's thread: write its summary, if it has one, then drop its pages."""
+        if built is not None:
+            self._summarize(number, built)
+        if self.drop_sealed:
+            try:
+                layout.drop_cached(layout.path_of(self.directory, layout.SEGMENT, number))
+            except OSError as exc:  # its pages stay cached: nothing else changes
+                log.warning("store.cache_not_dropped", segment=number, error=str(exc))
+
     def _summarize(self, number: int, built: summaries.Summary) -> None:
-        """A summary thread: write segment `number`'s summary."""
+        """Write segment `number`'s summary."""
         try:
             summaries.write(self.directory, number, built)
         except FileNotFoundError:

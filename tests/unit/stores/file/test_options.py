@@ -20,8 +20,10 @@ def test_defaults() -> None:
         options.repair,
         options.read_only,
         options.write_in_place,
-    ) == (FsyncMode.BATCH, 64 << 20, False, False, True)
+        options.cache_sealed,
+    ) == (FsyncMode.BATCH, 64 << 20, False, False, True, False)
     assert not FileStore.from_uri("file:///d?write_in_place=false").options.write_in_place
+    assert FileStore.from_uri("file:///d?cache_sealed=true").options.cache_sealed
 
 
 def test_query_and_keyword_options_keyword_wins() -> None:
@@ -46,6 +48,7 @@ def test_query_and_keyword_options_keyword_wins() -> None:
         ("file:///d?segment_bytes=2GiB", "out of range"),
         ("file:///d?repair=maybe", "repair='maybe' is not a boolean"),
         ("file:///d?write_in_place=sometimes", "write_in_place='sometimes' is not a boolean"),
+        ("file:///d?cache_sealed=later", "cache_sealed='later' is not a boolean"),
         ("file:///d?fsnyc=batch", "unknown file store option"),
         ("file://", "names no path"),
     ],
