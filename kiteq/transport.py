@@ -163,11 +163,7 @@ class FramedStream:
         batch: list[bytes] = []
         tokens = self._take_bulk(batch)
         data = b"".join(batch)
-        try:
-            sent = os.write(socket.fileno(), data)
-        except OSError:  # BlockingIOError included: the writer finds out
-            sent = 0
-        self.bytes_out += sent
+        sent = self._write_at_once(socket, data)
         if sent < len(data):
             tokens = self._requeue_unsent(batch, 0, tokens, sent)
         self._sent_early.extend(tokens)
@@ -181,12 +177,17 @@ class FramedStream:
         socket = _plain_socket(self.stream)
         if socket is None:
             return data
+        return data[self._write_at_once(socket, data) :]
+
+    def _write_at_once(self, socket: trio.socket.SocketType, data: bytes) -> int:
+        """Write `data` to the plain `socket` without waiting; the bytes it took (0 from a
+        full or broken socket: the writer finds out which)."""
         try:
             sent = os.write(socket.fileno(), data)
         except OSError:  # BlockingIOError included
-            return data
+            return 0
         self.bytes_out += sent
-        return data[sent:]
+        return sent
 
     async def write_loop(self) -> None:
         """Flush the outbox until `finish()` was called and all is sent, or the peer goes away."""
@@ -246,10 +247,11 @@ class FramedStream:
         `first_bulk`, all sent), put the bulk frames not sent back at the head of their lane,
         in order, and the rest of one cut short at the head of the outbox, to go on first;
         the tokens of those that went, the one cut short included."""
-        end = sum(len(frame) for frame in batch[:first_bulk])
+        stops = _stops(batch, first_bulk)
+        end = next(stops)  # where the control frames end
         done = 0
-        for frame in batch[first_bulk:]:
-            start, end = end, end + len(frame)
+        for frame, frame_end in zip(batch[first_bulk:], stops, strict=True):
+            start, end = end, frame_end
             if end > sent:
                 if start < sent:
                     rest = frame[sent - start :]
