@@ -114,7 +114,9 @@ def nothing_coming() -> bool:
 class Durable(Protocol):
     """How to wait until a `Staged`'s messages are durable."""
 
-    def __call__(self, *, busy: Callable[[], bool] = nothing_coming) -> Awaitable[None]: ...
+    def __call__(
+        self, *, busy: Callable[[], bool] = nothing_coming, trickling: bool = False
+    ) -> Awaitable[None]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,13 +129,16 @@ class Staged:
     loop's thread, says whether more work is on its way there (their sender has other
     messages in flight); if so, the store writes them elsewhere (the file store's
     writer thread), since the loop would otherwise hold that work up for a sync.
+    `trickling=True`: that sender sends its messages spaced out (a few to a read), so the
+    store may instead hold the save a moment for the next ones to share its sync (the
+    file store, GATHER_DELAY), and then write them all on the loop's thread.
     """
 
     saved: list[bool]
     durable: Durable
 
 
-async def _already_durable(*, busy: Callable[[], bool] = nothing_coming) -> None:
+async def _already_durable(*, busy: Callable[[], bool] = nothing_coming, trickling: bool = False) -> None:
     """Nothing to wait for: `save_many` stored them durably already."""
 
 

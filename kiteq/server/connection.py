@@ -59,6 +59,11 @@ CONGESTION_BYTES = 256 * 1024
 # A delivery's deliver_timeout starts when it reaches the socket; until then it may wait
 # this many timeouts in our buffer (a consumer that reads nothing at all still times out).
 UNSENT_GRACE = 10
+# A sender whose reads hold at most this many messages trickles them in (paced): the file
+# store may hold its saves a moment for the next ones to share a sync (`Batch.wait`).
+# Paced at 5,000 messages a second, 94 % of the messages came in reads of one to three; a
+# sender keeping its window of 100 full had 99 % come in reads of 12 or more.
+TRICKLE_READ = 3
 # One read can hold thousands of small frames (a consumer's acks): the reader lets the
 # rest of the broker run after this many, so a producer's acks are not held up behind them.
 READ_BURST = 128
@@ -130,6 +135,11 @@ class BrokerConnection:
     def busy(self) -> bool:
         """More frames are on their way: acks of messages being stored, or acks that free deliveries."""
         return self.session.inflight > 1 or self._handling.used > 1
+
+    def trickling(self, messages: int) -> bool:
+        """Whether a read of `messages` says its sender trickles them in (TRICKLE_READ); over
+        TLS a read says nothing of what waits behind it."""
+        return messages <= TRICKLE_READ and self.framed.reads_all_queued
 
     @property
     def alive(self) -> bool:

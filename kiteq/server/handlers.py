@@ -52,6 +52,10 @@ class Requester(Protocol):
         """More frames are on their way on this connection (other sends in flight)."""
         ...
 
+    def trickling(self, messages: int) -> bool:
+        """Whether a read of `messages` says the sender sends them spaced out (paced)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class StagedRead:
@@ -160,8 +164,8 @@ class Handlers:
     async def acknowledge(self, requester: Requester, read: StagedRead) -> None:
         """Ack a staged read's messages once they are as durable as the store promises."""
         try:
-            # Not written on the loop's thread while the sender has more in flight.
-            await read.staged.durable(busy=requester.busy)
+            # Not written on the loop's thread at once while the sender has more on its way.
+            await read.staged.durable(busy=requester.busy, trickling=requester.trickling(len(read.pending)))
             store_ms = round((time.perf_counter() - read.started) * 1000, 3)
         except StoreError as failure:
             self._refuse(requester, read.pending, failure)

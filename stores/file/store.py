@@ -330,13 +330,16 @@ class FileStore(MessageStore):
             await trio.lowlevel.checkpoint()
 
     @staticmethod
-    async def _written(batches: Iterable[Batch | None], *, busy: Callable[[], bool] = nothing_coming) -> None:
+    async def _written(
+        batches: Iterable[Batch | None], *, busy: Callable[[], bool] = nothing_coming, trickling: bool = False
+    ) -> None:
         """Like `_wait_for`, but a checkpoint only when a batch is still being written: for
         callers whose every turn of the event loop shows. `Staged.durable` is one: a lone
         save is written in place (`Writer.flush`), and its store-ack then goes out in the
-        same turn as its message came in, unless `busy()` says more is on its way."""
+        same turn as its message came in, unless `busy()` says more is on its way (then,
+        `trickling`, its batch is held a moment for them: `Batch.wait`)."""
         for batch in _distinct(batches):
-            await batch.wait(checkpoint=False, busy=busy)
+            await batch.wait(checkpoint=False, busy=busy, trickling=trickling)
 
     def _apply(self, writer: Writer, ops: Sequence[Op]) -> tuple[list[bool], Batch | None]:
         """Apply `ops` to the index and log them with one append: (answers, the batch to wait for).

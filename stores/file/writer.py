@@ -59,6 +59,11 @@ log = structlog.get_logger(__name__)
 # to write it with. A crash of the process in between loses them: messages are then
 # delivered again (at-least-once), never lost.
 LAZY_WRITE_DELAY = 0.005
+# How long a save whose sender trickles its messages in (`Batch.wait`'s `trickling`) and has
+# more on their way is held on the event loop for them to join its batch: paced at 5,000
+# messages a second, a sync for every one or two saves kept the disk's queue (a VM exit
+# each on this project's machines) busy enough to slow the whole machine's processes.
+GATHER_DELAY = 0.001
 # Pauses of writes in place (slow_writes.py) this long or longer are logged: the disk stalls.
 LOGGED_PAUSE = 1.0
 # Callers have waited this long with no batch finished: the disk stalls, they are failed.
@@ -86,6 +91,8 @@ class Batch:
         "durable",
         "end",
         "error",
+        "gathered",
+        "held",
         "log",
         "log_durable",
         "log_generation",
@@ -114,6 +121,10 @@ class Batch:
         self.touched_at = 0.0
         self.end: tuple[int, int] | None = None
         self.done = trio.Event()
+        # Whether a caller holds it for more saves to join (`_gather`; the writer thread
+        # leaves it alone meanwhile), and whether one did.
+        self.held = False
+        self.gathered = False
         self.error: StoreUnavailable | None = None
         # Set when its waiters were failed because the disk stalled; cleared once written.
         self.stalled: StoreStalled | None = None
@@ -122,13 +133,17 @@ class Batch:
     def empty(self) -> bool:
         return not (self.data or self.log or self.reclaim or self.durable or self.snapshot)
 
-    async def wait(self, *, checkpoint: bool = True, busy: Callable[[], bool] = nothing_coming) -> None:
+    async def wait(
+        self, *, checkpoint: bool = True, busy: Callable[[], bool] = nothing_coming, trickling: bool = False
+    ) -> None:
         """Return once the batch is written (and fsynced if it had to be); raise if that failed.
 
         Asking for it has it written (`Writer.flush`: in place when the store is idle and
         `busy()`, asked right then, says no more work is on its way); `checkpoint=False`
         then returns without yielding, for a caller whose every turn of the event loop
-        shows in a round trip.
+        shows in a round trip. A caller whose sender has more on its way but sends it
+        spaced out (`trickling`: its messages come a few to a read) has the batch held a
+        moment for them instead (`_gather`), then written in place.
 
         If it could be written in place but other tasks are ready to run (deliveries of
         the messages it holds, say), they run first: it is written once the loop has
@@ -140,7 +155,10 @@ class Batch:
         yielded = False
         if not self.done.is_set():
             lone = not busy()
-            if lone and self.writer.in_place_once_idle(self):
+            if not lone and trickling and (self.gathered or self.writer.in_place_allowed(self)):
+                yielded = True
+                await self._gather()
+            elif lone and self.writer.in_place_once_idle(self):
                 yielded = True
                 try:
                     await idle.once_others_ran()
@@ -158,6 +176,23 @@ class Batch:
             raise self.error
         if self.stalled is not None:
             raise self.stalled
+
+    async def _gather(self) -> None:
+        """Hold the batch `gather_delay` for more saves to join it, then have it written: in
+        place once the loop is idle, as a lone save's. Only its first such caller holds it
+        (one timer per batch); the others wait for it to be written."""
+        if self.gathered:
+            return
+        self.gathered = self.held = True
+        try:
+            await trio.sleep(self.writer.gather_delay)
+            self.held = False
+            if not self.done.is_set() and self.writer.in_place_once_idle(self):
+                await idle.once_others_ran()
+        finally:
+            self.held = False
+            if not self.done.is_set():
+                self.writer.flush(self)  # cancelled too: its other callers wait on it
 
 
 class Writer:
@@ -197,6 +232,7 @@ class Writer:
         # Whether a waited-on batch may be written on the Trio thread (`flush`); off, every
         # batch goes through the writer thread (the store's `write_in_place` option).
         self.in_place = in_place
+        self.gather_delay = GATHER_DELAY  # an attribute, so a test can lengthen it
         self._sleeping = False
         self._sleep_timed = False  # it wakes by itself within LAZY_WRITE_DELAY
         self._stopping = False
@@ -325,9 +361,9 @@ class Writer:
 
     def in_place_once_idle(self, batch: Batch) -> bool:
         """Whether `flush` would write `batch` in place, but for the tasks ready to run."""
-        return self._in_place_allowed(batch) and idle.others_ready()
+        return self.in_place_allowed(batch) and idle.others_ready()
 
-    def _in_place_allowed(self, batch: Batch) -> bool:
+    def in_place_allowed(self, batch: Batch) -> bool:
         """Whether `batch` may be written on the Trio thread, whatever else is ready to run:
         it is the open one, the writer sleeps with nothing cut, and slow writes in place
         have not spent their budget."""
@@ -373,7 +409,7 @@ class Writer:
         with self._lock:
             inline = (
                 in_place
-                and self._in_place_allowed(batch)
+                and self.in_place_allowed(batch)
                 and not idle.others_ready()
                 and self._io.acquire(blocking=False)
             )
@@ -566,8 +602,9 @@ class Writer:
                     return
 
     def _await_work(self, *, look_out: bool) -> None:
-        """Sleep (holding `_lock`) until a batch is due: at once if a caller waits on it,
-        else LAZY_WRITE_DELAY after its first record, so lazily logged changes mostly ride
+        """Sleep (holding `_lock`) until a batch is due: at once if a caller waits on it
+        (once released, if a caller holds it for more saves: `Batch._gather`), else
+        LAZY_WRITE_DELAY after its first record, so lazily logged changes mostly ride
         along with the next save instead of costing a write and a wake-up of their own.
 
         With `look_out` (it has just written), over an empty batch it first sleeps
@@ -580,6 +617,8 @@ class Writer:
             if batch.empty:
                 timeout = LAZY_WRITE_DELAY if look_out else None
                 look_out = False
+            elif batch.held:
+                timeout = None  # its caller has it written, or wakes this thread, once done
             elif batch.durable:
                 return
             else:

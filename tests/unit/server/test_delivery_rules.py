@@ -497,6 +497,9 @@ class AckedProducer:
     def busy(self) -> bool:
         return self.more_on_its_way
 
+    def trickling(self, messages: int) -> bool:
+        return messages == 1
+
 
 def sent_message(opaque: int) -> MessageReceived:
     raw = pb.BytesMessage(header=header("p"), body=b"b").SerializeToString()
@@ -519,15 +522,16 @@ async def test_on_a_store_with_nothing_to_sync_a_message_is_delivered_before_it_
 async def test_a_save_asks_its_sender_whether_more_is_on_its_way(parts: Parts) -> None:
     """The file store writes a save on the event loop's thread only while its sender has
     nothing more on its way (docs/file-store.md): the handler hands the store the sender's
-    `busy`, for the store to ask at the moment of writing."""
-    asked: list[bool] = []
+    `busy`, for the store to ask at the moment of writing, and whether the read says the
+    sender trickles its messages in."""
+    asked: list[tuple[bool, bool]] = []
     stage_many = parts.store.stage_many
 
     async def staged_asking(entities: list[MessageEntity]) -> Staged:
         staged = await stage_many(entities)
 
-        async def durable(*, busy: Callable[[], bool] = nothing_coming) -> None:
-            asked.append(busy())
+        async def durable(*, busy: Callable[[], bool] = nothing_coming, trickling: bool = False) -> None:
+            asked.append((busy(), trickling))
             await staged.durable()
 
         return Staged(staged.saved, durable)
@@ -540,8 +544,10 @@ async def test_a_save_asks_its_sender_whether_more_is_on_its_way(parts: Parts) -
     await handlers.produce(producer, [sent_message(1)])
     producer.more_on_its_way = True
     await handlers.produce(producer, [sent_message(2)])
-    assert asked == [False, True]
-    assert [stored for stored, _ in producer.acks] == [True, True]
+    await handlers.produce(producer, [sent_message(3), sent_message(4)])
+    # (busy, trickling): the sender's say at the moment of writing, and of the read's size.
+    assert asked == [(False, True), (True, True), (True, False)]
+    assert [stored for stored, _ in producer.acks] == [True] * 4
 
 
 # -- a delivery's way out -------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 import trio
+import trio.testing
 from structlog.testing import capture_logs
 
 from stores import (
@@ -277,6 +278,59 @@ async def test_a_save_whose_sender_has_more_on_its_way_goes_through_the_writer_t
         await staged.durable()
         assert threads[2:] == [threading.main_thread().name], "a lone save is still written in place"
         assert (await store.stats()).details["fsyncs"] == 4, "each save still synced before it returned"
+
+
+async def test_a_trickling_senders_saves_share_one_sync_written_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sender with more on its way whose messages come a few to a read (paced) has its
+    save held a moment (`gather_delay`) for the next ones: one sync for them all, on the
+    event loop's thread, with no hand-off to the writer thread."""
+    monkeypatch.setattr(idle, "IDLE_GRACE", 10.0)
+    # Not preallocated: a move to the segment zero-filled ahead would take a sync of its own.
+    async with FileStore.from_uri(uri(tmp_path, fsync="batch", preallocate=False)) as store:
+        await store.save(message())
+        assert store._writer is not None
+        store._writer.gather_delay = 0.5  # long enough for any machine to stage the others
+        fsyncs = (await store.stats()).details["fsyncs"]
+        threads = record_writing_threads(monkeypatch)
+        durable: list[int] = []
+
+        async def send(index: int) -> None:
+            staged = await store.stage_many([message()])
+            await staged.durable(busy=lambda: True, trickling=True)
+            durable.append(index)
+
+        async with trio.open_nursery() as nursery:
+            for index in range(3):
+                nursery.start_soon(send, index)
+                await trio.testing.wait_all_tasks_blocked()
+                assert threads == [] and durable == [], "held for the sender's next saves"
+        assert sorted(durable) == [0, 1, 2]
+        assert threads == [threading.main_thread().name], "one write, in place"
+        assert (await store.stats()).details["fsyncs"] == fsyncs + 1
+
+        # Cancelled while it holds the batch, its first caller still has it written for the others.
+        first_waits = trio.CancelScope()
+
+        async def first() -> None:
+            with first_waits:
+                await send(3)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(send, 4)
+            await trio.testing.wait_all_tasks_blocked()
+            first_waits.cancel()
+        assert durable[3:] == [4]
+        assert (await store.stats()).details["fsyncs"] == fsyncs + 2
+
+        # Not trickling (a read of many), or nothing more on its way: no hold.
+        staged = await store.stage_many([message()])
+        with trio.fail_after(0.4):
+            await staged.durable(busy=lambda: True)
+            await (await store.stage_many([message()])).durable(trickling=True)
 
 
 async def test_without_write_in_place_every_save_goes_through_the_writer_thread(
