@@ -180,12 +180,14 @@ class Batch:
     async def _gather(self) -> None:
         """Hold the batch `gather_delay` for more saves to join it, then have it written: in
         place once the loop is idle, as a lone save's. Only its first such caller holds it
-        (one timer per batch); the others wait for it to be written."""
+        (one timer per batch); the others wait for it to be written. Written meanwhile (a
+        lone save's caller writes it at once), it is not held any longer."""
         if self.gathered:
             return
         self.gathered = self.held = True
         try:
-            await trio.sleep(self.writer.gather_delay)
+            with trio.move_on_after(self.writer.gather_delay):
+                await self.done.wait()
             self.held = False
             if not self.done.is_set() and self.writer.in_place_once_idle(self):
                 await idle.once_others_ran()

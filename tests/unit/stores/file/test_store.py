@@ -326,6 +326,16 @@ async def test_a_trickling_senders_saves_share_one_sync_written_in_place(
         assert durable[3:] == [4]
         assert (await store.stats()).details["fsyncs"] == fsyncs + 2
 
+        # A lone save (nothing more on its way) joining a held batch writes it at once, and
+        # its holder returns with it.
+        with trio.fail_after(0.4):  # well within the hold of 0.5 s
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send, 5)
+                await trio.testing.wait_all_tasks_blocked()
+                await (await store.stage_many([message()])).durable()
+        assert durable[4:] == [5]
+        assert (await store.stats()).details["fsyncs"] == fsyncs + 3
+
         # Not trickling (a read of many), or nothing more on its way: no hold.
         staged = await store.stage_many([message()])
         with trio.fail_after(0.4):
