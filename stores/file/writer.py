@@ -12,7 +12,8 @@ written the next one fills up, so the busier the store, the more saves share eac
 fsync. A batch is due when a caller waits on it (`Batch.wait` -> `flush`); while
 the writer sleeps, the caller writes it in place once nothing else is ready on the
 Trio thread, sparing two thread hand-offs: a lone caller at once, one beside ready
-tasks after they ran (or, if the loop stays busy for `idle.IDLE_GRACE`, the writer takes it).
+tasks after they ran (or, if the loop stays busy for `idle.IDLE_GRACE`, the writer takes it),
+one whose sender trickles more saves in (paced) after GATHER_DELAY, so they share its sync.
 
 A batch holding only lazily logged changes (nobody waits on it) is written
 LAZY_WRITE_DELAY after its first record, or with the next save if one comes first.
